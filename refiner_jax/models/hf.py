@@ -1,0 +1,249 @@
+"""Import and export of transformers T5 checkpoints (`T5ForConditionalGeneration` directories).
+
+`load_t5(name_or_dir)` reads `config.json` plus `model.safetensors` (single or sharded) or `pytorch_model.bin`
+(the latter needs torch) into `(T5Config, params)`; a preset or hub name is fetched only when the machine is
+online. `save_t5(config, params, dir)` writes a directory that `T5ForConditionalGeneration.from_pretrained` loads.
+The name map is explicit (one row per tensor) and every mismatch names the parameter.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from typing import Callable, Iterator
+
+import jax.numpy as jnp
+import numpy as np
+
+from refiner_jax.models.t5 import HUB_NAMES, T5Config
+
+# transformers config fields that map one to one onto T5Config.
+_CONFIG_FIELDS = ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers", "num_heads",
+                  "relative_attention_num_buckets", "relative_attention_max_distance", "dropout_rate",
+                  "layer_norm_epsilon", "initializer_factor", "feed_forward_proj", "tie_word_embeddings")
+# Keys the reference writes as aliases of `shared.weight`.
+_TIED_ALIASES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+
+Path = tuple[str, ...]
+Row = tuple[Path, str, Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]
+
+
+def config_from_hf(hf: dict) -> T5Config:
+    """T5Config from a transformers `config.json` dict (v1.0 and v1.1 spellings of the FFN accepted)."""
+    fields = {k: hf[k] for k in _CONFIG_FIELDS if k in hf}
+    proj = fields.get("feed_forward_proj", "relu")
+    if proj in ("gated-gelu", "gated-gelu_new"):
+        fields["feed_forward_proj"] = "gated-gelu"
+    elif proj != "relu":
+        raise ValueError(f"unsupported feed_forward_proj {proj!r} in config.json; refiner_jax's T5 supports "
+                         "'relu' (T5 v1.0) and 'gated-gelu' (v1.1 / Flan-T5)")
+    # Our `tie_word_embeddings` means "v1.0 output layer": the embedding as output projection plus the
+    # d_model**-0.5 rescale. transformers 5 records the rescale as `scale_decoder_outputs` (and ties the weights of
+    # every T5); earlier versions wrote `tie_word_embeddings: false` for v1.1.
+    if "scale_decoder_outputs" in hf:
+        fields["tie_word_embeddings"] = bool(hf["scale_decoder_outputs"])
+    else:
+        fields["tie_word_embeddings"] = hf.get("tie_word_embeddings", True) is not False
+    return T5Config(**fields)
+
+
+def config_to_hf(config: T5Config) -> dict:
+    """A transformers `config.json` dict for `config`."""
+    hf = {k: getattr(config, k) for k in _CONFIG_FIELDS}
+    hf["num_decoder_layers"] = config.n_decoder_layers
+    hf["dense_act_fn"] = "gelu_new" if config.feed_forward_proj == "gated-gelu" else "relu"
+    hf["is_gated_act"] = config.feed_forward_proj == "gated-gelu"
+    hf["scale_decoder_outputs"] = config.tie_word_embeddings
+    hf.update(architectures=["T5ForConditionalGeneration"], model_type="t5", is_encoder_decoder=True,
+              pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, use_cache=True)
+    return hf
+
+
+def _attention_rows(ours: Path, theirs: str, config: T5Config) -> Iterator[Row]:
+    d, h, k = config.d_model, config.num_heads, config.d_kv
+    for name, hf_name in (("query", "q"), ("key", "k"), ("value", "v")):
+        # ours [d_model, heads, d_kv]  <->  theirs [heads*d_kv, d_model]
+        yield (ours + (name,), f"{theirs}.{hf_name}.weight",
+               lambda x: x.reshape(d, h * k).T, lambda w: w.T.reshape(d, h, k))
+    # ours [heads, d_kv, d_model]  <->  theirs [d_model, heads*d_kv]
+    yield ours + ("out",), f"{theirs}.o.weight", lambda x: x.reshape(h * k, d).T, lambda w: w.T.reshape(h, k, d)
+
+
+def _mlp_rows(ours: Path, theirs: str, config: T5Config) -> Iterator[Row]:
+    names = ("wi_0", "wi_1", "wo") if config.feed_forward_proj == "gated-gelu" else ("wi", "wo")
+    for name in names:
+        yield ours + (name,), f"{theirs}.DenseReluDense.{name}.weight", np.transpose, np.transpose
+
+
+def _same(x: np.ndarray) -> np.ndarray:
+    return x
+
+
+def name_map(config: T5Config) -> list[Row]:
+    """Every parameter as (our path, transformers key, ours->theirs, theirs->ours)."""
+    rows: list[Row] = [(("token_embedder",), "shared.weight", _same, _same)]
+    for stack, n_layers in (("encoder", config.num_layers), ("decoder", config.n_decoder_layers)):
+        rows.append(((stack, "relpos_bias", "rel_embedding"),
+                     f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight", _same, _same))
+        for i in range(n_layers):
+            ours, theirs = (stack, f"layers_{i}"), f"{stack}.block.{i}.layer"
+            if stack == "encoder":
+                blocks = (("pre_attention_layer_norm", "attention", "0", "SelfAttention"),)
+                mlp_index = "1"
+            else:
+                blocks = (("pre_self_attention_layer_norm", "self_attention", "0", "SelfAttention"),
+                          ("pre_cross_attention_layer_norm", "encoder_decoder_attention", "1", "EncDecAttention"))
+                mlp_index = "2"
+            for norm, attn, idx, hf_attn in blocks:
+                rows.append((ours + (norm, "scale"), f"{theirs}.{idx}.layer_norm.weight", _same, _same))
+                rows.extend(_attention_rows(ours + (attn,), f"{theirs}.{idx}.{hf_attn}", config))
+            rows.append((ours + ("pre_mlp_layer_norm", "scale"), f"{theirs}.{mlp_index}.layer_norm.weight",
+                         _same, _same))
+            rows.extend(_mlp_rows(ours + ("mlp",), f"{theirs}.{mlp_index}", config))
+        norm = "encoder_norm" if stack == "encoder" else "decoder_norm"
+        rows.append(((stack, norm, "scale"), f"{stack}.final_layer_norm.weight", _same, _same))
+    if not config.tie_word_embeddings:
+        rows.append((("decoder", "logits_dense", "kernel"), "lm_head.weight", np.transpose, np.transpose))
+    return rows
+
+
+def _get(tree: dict, path: Path):
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            raise KeyError(f"parameter {'/'.join(path)} is missing from the params tree")
+        tree = tree[key]
+    return tree
+
+
+def _set(tree: dict, path: Path, value) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def _expected_shape(path: Path, config: T5Config) -> tuple[int, ...]:
+    import jax  # local: shapes come from an abstract init, no arrays are allocated
+    from flax.linen import meta
+
+    from refiner_jax.models.t5 import T5
+
+    shapes = _expected_shape.cache.get(config)
+    if shapes is None:
+        tokens = jax.ShapeDtypeStruct((1, 1), np.int32)
+        abstract = jax.eval_shape(lambda t: T5(config).init(jax.random.key(0), t, t), tokens)["params"]
+        shapes = _expected_shape.cache[config] = meta.unbox(abstract)
+    return tuple(_get(shapes, path).shape)
+
+
+_expected_shape.cache = {}
+
+
+def params_from_state_dict(config: T5Config, state: dict[str, np.ndarray]) -> dict:
+    """Our params tree from a transformers state dict (numpy arrays); raises naming any missing, unexpected or
+    mis-shaped tensor."""
+    if not config.tie_word_embeddings and "lm_head.weight" not in state:
+        state = dict(state, **{"lm_head.weight": state["shared.weight"]})  # v1.1 saved with tied weights
+    rows = name_map(config)
+    known = {theirs for _, theirs, _, _ in rows} | set(_TIED_ALIASES)
+    if config.tie_word_embeddings:
+        known.add("lm_head.weight")  # a tied checkpoint may still store it
+    unexpected = sorted(set(state) - known)
+    if unexpected:
+        raise ValueError(f"checkpoint has tensors that this T5Config does not use: {unexpected[:8]}"
+                         f"{' ...' if len(unexpected) > 8 else ''}; check num_layers / feed_forward_proj / "
+                         "tie_word_embeddings in config.json")
+    params: dict = {}
+    dtype = jnp.dtype(config.param_dtype)  # numpy-compatible, bfloat16 included
+    for ours, theirs, _, from_hf in rows:
+        if theirs not in state:
+            raise ValueError(f"checkpoint is missing tensor {theirs!r} (parameter {'/'.join(ours)})")
+        value = from_hf(np.asarray(state[theirs]))
+        expected = _expected_shape(ours, config)
+        if value.shape != expected:
+            raise ValueError(f"tensor {theirs!r} has shape {tuple(state[theirs].shape)}, which maps to "
+                             f"{value.shape} but parameter {'/'.join(ours)} needs {expected}")
+        _set(params, ours, value.astype(dtype))
+    return params
+
+
+def state_dict_from_params(config: T5Config, params: dict) -> dict[str, np.ndarray]:
+    """transformers-named float32 numpy tensors from our params tree."""
+    state = {}
+    for ours, theirs, to_hf, _ in name_map(config):
+        state[theirs] = np.ascontiguousarray(to_hf(np.asarray(_get(params, ours), dtype=np.float32)))
+    return state
+
+
+def _read_state_dict(directory: pathlib.Path) -> dict[str, np.ndarray]:
+    single = directory / "model.safetensors"
+    index = directory / "model.safetensors.index.json"
+    if single.is_file():
+        return _read_safetensors(single)
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        state = {}
+        for shard in shards:
+            state.update(_read_safetensors(directory / shard))
+        return state
+    bin_file = directory / "pytorch_model.bin"
+    if bin_file.is_file():
+        try:
+            import torch
+        except ImportError as e:
+            raise ImportError(f"{bin_file} is a PyTorch pickle and reading it needs torch; install torch or "
+                              "re-save the checkpoint as safetensors") from e
+        raw = torch.load(bin_file, map_location="cpu", weights_only=True)
+        return {k: v.float().numpy() for k, v in raw.items()}
+    raise FileNotFoundError(f"no weights in {directory}: expected model.safetensors, "
+                            "model.safetensors.index.json or pytorch_model.bin")
+
+
+def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="flax") as f:  # flax framework reads bfloat16 too
+        return {k: np.asarray(f.get_tensor(k)) for k in f.keys()}
+
+
+def _resolve(name_or_dir: str | os.PathLike) -> pathlib.Path:
+    path = pathlib.Path(name_or_dir).expanduser()
+    if path.is_dir():
+        return path
+    name = HUB_NAMES.get(str(name_or_dir), str(name_or_dir))
+    if path.exists() or str(name_or_dir).startswith((".", "/", "~")):
+        raise FileNotFoundError(f"{name_or_dir} is not a checkpoint directory (expected config.json and weights)")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return pathlib.Path(snapshot_download(name, allow_patterns=["config.json", "*.safetensors", "*.json",
+                                                                    "pytorch_model.bin", "spiece.model"]))
+    except Exception as e:  # offline, unknown repo, ...
+        raise FileNotFoundError(
+            f"could not find {name_or_dir!r}: not a local directory, and fetching hub model {name!r} failed "
+            f"({type(e).__name__}: {e}). Download it on a machine with network access "
+            f"(e.g. `huggingface-cli download {name} --local-dir DIR`) and pass DIR.") from e
+
+
+def load_t5(name_or_dir: str | os.PathLike, **config_overrides) -> tuple[T5Config, dict]:
+    """(config, params) from a transformers T5 checkpoint directory, a preset name or a hub name (online only).
+
+    `config_overrides` change numerics fields such as `dtype`, `param_dtype`, `dropout_rate` or `remat`.
+    """
+    directory = _resolve(name_or_dir)
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file} is missing: a transformers T5 checkpoint directory needs config.json")
+    config = config_from_hf(json.loads(config_file.read_text())).replace(**config_overrides)
+    return config, params_from_state_dict(config, _read_state_dict(directory))
+
+
+def save_t5(config: T5Config, params: dict, directory: str | os.PathLike) -> pathlib.Path:
+    """Writes `config.json` and `model.safetensors` that `T5ForConditionalGeneration.from_pretrained` loads."""
+    from safetensors.numpy import save_file
+
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config_to_hf(config), indent=2))
+    save_file(state_dict_from_params(config, params), str(directory / "model.safetensors"),
+              metadata={"format": "pt"})
+    return directory

@@ -1,0 +1,495 @@
+"""T5 encoder-decoder in Flax Linen, numerically matching the reference T5 (v1.0 / UnifiedQA and v1.1 / Flan-T5).
+
+Entry points (all pure `model.apply` methods):
+  `__call__`     teacher-forced logits, for training and scoring;
+  `encode`       encoder outputs;
+  `decode`       teacher-forced decoder logits from encoder outputs;
+  `cross_kv`     the cross-attention keys/values of every decoder layer, computed once per prompt;
+  `decode_step`  one decoder token with an explicit self-attention KV cache (`T5.init_cache`), for the sampler.
+
+T5 details that differ from a textbook Transformer (NOTE: each one matters for parity):
+  * RMS norm without mean subtraction or bias, computed in float32;
+  * attention logits are NOT scaled by 1/sqrt(d_kv) (the scale lives in the initialisers);
+  * relative position buckets (bidirectional in the encoder, causal in the decoder) own one bias table per stack,
+    shared by all its layers; cross-attention has no position bias;
+  * no biases anywhere; no sqrt(d) scaling of input embeddings;
+  * v1.0 ties the output layer to the embedding and rescales the decoder output by d_model**-0.5;
+    v1.1 has a separate `logits_dense` and no rescale; v1.1's FFN is gated-gelu (tanh approximation).
+Tokens: pad 0, eos 1; the decoder starts from token 0.
+
+Every parameter carries logical axis names (`embed`, `vocab`, `heads`, `kv`, `mlp`, `relpos_buckets`) and
+activations carry `activation_*` names; `refiner_jax.sharding` maps both to mesh axes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PAD_ID = 0
+EOS_ID = 1
+DECODER_START_ID = 0
+_MASK_VALUE = -1e10  # added to masked attention logits (float32)
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+    """Architecture and numerics of a T5; field names mirror `transformers.T5Config`. Hashable (usable as static)."""
+
+    vocab_size: int = 32128
+    d_model: int = 512
+    d_kv: int = 64
+    d_ff: int = 2048
+    num_layers: int = 6
+    num_decoder_layers: int | None = None  # None: same as num_layers
+    num_heads: int = 8
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    dropout_rate: float = 0.1
+    layer_norm_epsilon: float = 1e-6
+    initializer_factor: float = 1.0
+    feed_forward_proj: str = "relu"  # "relu" (v1.0) or "gated-gelu" (v1.1 / Flan-T5)
+    tie_word_embeddings: bool = True  # v1.0: True (with the d_model**-0.5 rescale); v1.1: False
+    dtype: str = "float32"  # compute dtype ("bfloat16" on accelerators)
+    param_dtype: str = "float32"
+    remat: bool = False  # rematerialise each layer's activations in the backward pass
+
+    def __post_init__(self):
+        if self.feed_forward_proj not in ("relu", "gated-gelu"):
+            raise ValueError(f"feed_forward_proj must be 'relu' or 'gated-gelu', got {self.feed_forward_proj!r}")
+        for field in ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"T5Config.{field} must be positive, got {getattr(self, field)}")
+        for field in ("dtype", "param_dtype"):
+            if getattr(self, field) not in ("float32", "bfloat16", "float16"):
+                raise ValueError(f"T5Config.{field} must be float32, bfloat16 or float16, got {getattr(self, field)!r}")
+
+    @property
+    def n_decoder_layers(self) -> int:
+        return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+    @property
+    def weight_dtype(self):
+        return jnp.dtype(self.param_dtype)
+
+    def replace(self, **changes) -> "T5Config":
+        return dataclasses.replace(self, **changes)
+
+
+_V10 = dict(feed_forward_proj="relu", tie_word_embeddings=True)
+_V11 = dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+
+PRESETS: dict[str, T5Config] = {
+    "t5-tiny": T5Config(vocab_size=384, d_model=128, d_kv=32, d_ff=512, num_layers=2, num_heads=4, **_V10),
+    "t5-small": T5Config(d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8, **_V10),
+    "t5-base": T5Config(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12, **_V10),
+    "t5-large": T5Config(d_model=1024, d_kv=64, d_ff=4096, num_layers=24, num_heads=16, **_V10),
+    "flan-t5-small": T5Config(d_model=512, d_kv=64, d_ff=1024, num_layers=8, num_heads=6, **_V11),
+    "flan-t5-base": T5Config(d_model=768, d_kv=64, d_ff=2048, num_layers=12, num_heads=12, **_V11),
+    "flan-t5-large": T5Config(d_model=1024, d_kv=64, d_ff=2816, num_layers=24, num_heads=16, **_V11),
+    "unifiedqa-t5-base": T5Config(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12, **_V10),
+    "unifiedqa-t5-large": T5Config(d_model=1024, d_kv=64, d_ff=4096, num_layers=24, num_heads=16, **_V10),
+}
+
+# Hub names of the presets' released checkpoints (for `models.hf.load_t5` when online).
+HUB_NAMES = {
+    "t5-small": "google-t5/t5-small",
+    "t5-base": "google-t5/t5-base",
+    "t5-large": "google-t5/t5-large",
+    "flan-t5-small": "google/flan-t5-small",
+    "flan-t5-base": "google/flan-t5-base",
+    "flan-t5-large": "google/flan-t5-large",
+    "unifiedqa-t5-base": "allenai/unifiedqa-t5-base",
+    "unifiedqa-t5-large": "allenai/unifiedqa-t5-large",
+}
+
+
+def preset(name: str, **overrides) -> T5Config:
+    """The named architecture (`PRESETS`), with optional field overrides (e.g. `dtype="bfloat16"`)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown T5 preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name].replace(**overrides)
+
+
+def shift_right(targets: Array) -> Array:
+    """Decoder inputs for teacher forcing: targets shifted one step right, starting with the start token."""
+    start = jnp.full_like(targets[:, :1], DECODER_START_ID)
+    return jnp.concatenate([start, targets[:, :-1]], axis=1)
+
+
+@functools.lru_cache(maxsize=64)
+def relative_position_buckets(q_len: int, k_len: int, bidirectional: bool, num_buckets: int,
+                              max_distance: int, q_offset: int = 0) -> np.ndarray:
+    """Bucket id of every (query, key) pair, `[q_len, k_len]` int32 (static: computed once on the host).
+
+    Small distances get one bucket each, larger ones logarithmically wider buckets up to `max_distance`; the
+    bidirectional variant spends half the buckets on keys after the query. Float32 arithmetic as in the reference.
+    """
+    query = np.arange(q_len, dtype=np.int64)[:, None] + q_offset
+    key = np.arange(k_len, dtype=np.int64)[None, :]
+    rel = key - query
+    buckets = np.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (rel > 0).astype(np.int64) * num_buckets
+        dist = np.abs(rel)
+    else:
+        dist = -np.minimum(rel, 0)
+    max_exact = num_buckets // 2
+    with np.errstate(divide="ignore"):
+        scaled = (np.log(dist.astype(np.float32) / np.float32(max_exact))
+                  / np.float32(np.log(max_distance / max_exact)) * np.float32(num_buckets - max_exact))
+    large = max_exact + np.nan_to_num(scaled, neginf=0.0).astype(np.int64)
+    large = np.minimum(large, num_buckets - 1)
+    buckets += np.where(dist < max_exact, dist, large)
+    return buckets.astype(np.int32)
+
+
+def _normal(std: float):
+    return nn.initializers.normal(stddev=std)
+
+
+class RMSNorm(nn.Module):
+    """T5 layer norm: scale only, no mean subtraction, statistics in float32."""
+
+    config: T5Config
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        cfg = self.config
+        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                           (x.shape[-1],), cfg.weight_dtype)
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + cfg.layer_norm_epsilon)
+        return y.astype(cfg.compute_dtype) * scale.astype(cfg.compute_dtype)
+
+
+class RelativePositionBias(nn.Module):
+    """The per-stack relative position bias table `[buckets, heads]` and its lookup."""
+
+    config: T5Config
+    bidirectional: bool
+
+    def setup(self):
+        cfg = self.config
+        self.rel_embedding = self.param(
+            "rel_embedding",
+            nn.with_logical_partitioning(_normal(cfg.initializer_factor * cfg.d_model ** -0.5),
+                                         ("relpos_buckets", "heads")),
+            (cfg.relative_attention_num_buckets, cfg.num_heads), cfg.weight_dtype)
+
+    def __call__(self, q_len: int, k_len: int) -> Array:
+        """Bias for a full [q_len, k_len] attention: `[1, heads, q_len, k_len]`."""
+        cfg = self.config
+        buckets = relative_position_buckets(q_len, k_len, self.bidirectional, cfg.relative_attention_num_buckets,
+                                            cfg.relative_attention_max_distance)
+        bias = jnp.take(self.rel_embedding, jnp.asarray(buckets), axis=0)  # [q, k, heads]
+        return jnp.transpose(bias, (2, 0, 1))[None].astype(jnp.float32)
+
+    def row(self, index: Array, k_len: int) -> Array:
+        """Bias for the single query at traced position `index` against keys 0..k_len-1: `[1, heads, 1, k_len]`."""
+        cfg = self.config
+        table = relative_position_buckets(k_len, k_len, self.bidirectional, cfg.relative_attention_num_buckets,
+                                          cfg.relative_attention_max_distance)
+        buckets = jax.lax.dynamic_index_in_dim(jnp.asarray(table), index, axis=0, keepdims=False)  # [k_len]
+        bias = jnp.take(self.rel_embedding, buckets, axis=0)  # [k_len, heads]
+        return jnp.transpose(bias, (1, 0))[None, :, None, :].astype(jnp.float32)
+
+
+class Attention(nn.Module):
+    """Multi-head attention without logit scaling; keys/values can be projected once and reused (`project_kv`)."""
+
+    config: T5Config
+
+    def setup(self):
+        cfg = self.config
+        f = cfg.initializer_factor
+        inner = cfg.num_heads * cfg.d_kv
+        shape_in = (cfg.d_model, cfg.num_heads, cfg.d_kv)
+        axes_in = ("embed", "heads", "kv")
+        self.query = self.param("query", nn.with_logical_partitioning(_normal(f * (cfg.d_model * cfg.d_kv) ** -0.5),
+                                                                      axes_in), shape_in, cfg.weight_dtype)
+        self.key = self.param("key", nn.with_logical_partitioning(_normal(f * cfg.d_model ** -0.5), axes_in),
+                              shape_in, cfg.weight_dtype)
+        self.value = self.param("value", nn.with_logical_partitioning(_normal(f * cfg.d_model ** -0.5), axes_in),
+                                shape_in, cfg.weight_dtype)
+        self.out = self.param("out", nn.with_logical_partitioning(_normal(f * inner ** -0.5), ("heads", "kv", "embed")),
+                              (cfg.num_heads, cfg.d_kv, cfg.d_model), cfg.weight_dtype)
+        self.dropout = nn.Dropout(cfg.dropout_rate)
+
+    def project_kv(self, x: Array) -> tuple[Array, Array]:
+        """Keys and values of `x` [batch, len, d_model] -> two `[batch, len, heads, d_kv]`."""
+        dt = self.config.compute_dtype
+        x = x.astype(dt)
+        k = jnp.einsum("bld,dhk->blhk", x, self.key.astype(dt))
+        v = jnp.einsum("bld,dhk->blhk", x, self.value.astype(dt))
+        names = ("batch", "activation_length", "activation_heads", "activation_kv")
+        return nn.with_logical_constraint(k, names), nn.with_logical_constraint(v, names)
+
+    def __call__(self, x: Array, k: Array, v: Array, bias: Array, deterministic: bool) -> Array:
+        """Attend from `x` [batch, q, d_model] over keys/values `[batch, k, heads, d_kv]`.
+
+        `bias` (float32, broadcastable to [batch, heads, q, k]) holds position bias and masks.
+        """
+        dt = self.config.compute_dtype
+        q = jnp.einsum("bqd,dhk->bqhk", x.astype(dt), self.query.astype(dt))
+        q = nn.with_logical_constraint(q, ("batch", "activation_length", "activation_heads", "activation_kv"))
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) + bias  # [batch, heads, q, k]
+        weights = jax.nn.softmax(logits, axis=-1).astype(dt)
+        weights = self.dropout(weights, deterministic=deterministic)
+        ctx = jnp.einsum("bhqk,bkhd->bqhd", weights, v)  # [batch, q, heads, d_kv]
+        out = jnp.einsum("bqhd,hdm->bqm", ctx, self.out.astype(dt))
+        return nn.with_logical_constraint(out, ("batch", "activation_length", "activation_embed"))
+
+
+class MLP(nn.Module):
+    """Feed-forward block: relu (v1.0) or gated tanh-gelu (v1.1), dropout after the activation."""
+
+    config: T5Config
+
+    @nn.compact
+    def __call__(self, x: Array, deterministic: bool) -> Array:
+        cfg = self.config
+        dt = cfg.compute_dtype
+        f = cfg.initializer_factor
+        wi_init = nn.with_logical_partitioning(_normal(f * cfg.d_model ** -0.5), ("embed", "mlp"))
+        shape = (cfg.d_model, cfg.d_ff)
+        x = x.astype(dt)
+        if cfg.feed_forward_proj == "gated-gelu":
+            wi_0 = self.param("wi_0", wi_init, shape, cfg.weight_dtype)
+            wi_1 = self.param("wi_1", wi_init, shape, cfg.weight_dtype)
+            h = jax.nn.gelu(x @ wi_0.astype(dt), approximate=True) * (x @ wi_1.astype(dt))
+        else:
+            wi = self.param("wi", wi_init, shape, cfg.weight_dtype)
+            h = jax.nn.relu(x @ wi.astype(dt))
+        h = nn.with_logical_constraint(h, ("batch", "activation_length", "activation_mlp"))
+        h = nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
+        wo = self.param("wo", nn.with_logical_partitioning(_normal(f * cfg.d_ff ** -0.5), ("mlp", "embed")),
+                        (cfg.d_ff, cfg.d_model), cfg.weight_dtype)
+        return h @ wo.astype(dt)
+
+
+class EncoderLayer(nn.Module):
+    config: T5Config
+
+    def setup(self):
+        self.pre_attention_layer_norm = RMSNorm(self.config)
+        self.attention = Attention(self.config)
+        self.pre_mlp_layer_norm = RMSNorm(self.config)
+        self.mlp = MLP(self.config)
+        self.dropout = nn.Dropout(self.config.dropout_rate)
+
+    def __call__(self, x: Array, bias: Array, deterministic: bool) -> Array:
+        h = self.pre_attention_layer_norm(x)
+        k, v = self.attention.project_kv(h)
+        x = x + self.dropout(self.attention(h, k, v, bias, deterministic), deterministic=deterministic)
+        h = self.pre_mlp_layer_norm(x)
+        x = x + self.dropout(self.mlp(h, deterministic), deterministic=deterministic)
+        return nn.with_logical_constraint(x, ("batch", "activation_length", "activation_embed"))
+
+
+class DecoderLayer(nn.Module):
+    config: T5Config
+
+    def setup(self):
+        self.pre_self_attention_layer_norm = RMSNorm(self.config)
+        self.self_attention = Attention(self.config)
+        self.pre_cross_attention_layer_norm = RMSNorm(self.config)
+        self.encoder_decoder_attention = Attention(self.config)
+        self.pre_mlp_layer_norm = RMSNorm(self.config)
+        self.mlp = MLP(self.config)
+        self.dropout = nn.Dropout(self.config.dropout_rate)
+
+    def _rest(self, x, cross_k, cross_v, cross_bias, deterministic):
+        """Cross-attention and feed-forward sub-blocks (shared by teacher forcing and the cached step)."""
+        h = self.pre_cross_attention_layer_norm(x)
+        x = x + self.dropout(self.encoder_decoder_attention(h, cross_k, cross_v, cross_bias, deterministic),
+                             deterministic=deterministic)
+        h = self.pre_mlp_layer_norm(x)
+        x = x + self.dropout(self.mlp(h, deterministic), deterministic=deterministic)
+        return nn.with_logical_constraint(x, ("batch", "activation_length", "activation_embed"))
+
+    def __call__(self, x, encoded, self_bias, cross_bias, deterministic: bool):
+        h = self.pre_self_attention_layer_norm(x)
+        k, v = self.self_attention.project_kv(h)
+        x = x + self.dropout(self.self_attention(h, k, v, self_bias, deterministic), deterministic=deterministic)
+        cross_k, cross_v = self.encoder_decoder_attention.project_kv(encoded)
+        return self._rest(x, cross_k, cross_v, cross_bias, deterministic)
+
+    def cross_kv(self, encoded: Array) -> tuple[Array, Array]:
+        return self.encoder_decoder_attention.project_kv(encoded)
+
+    def step(self, x, index, cache, cross_k, cross_v, self_bias, cross_bias):
+        """One position `x` [batch, 1, d_model] at `index`; writes its key/value into `cache` and attends over it."""
+        h = self.pre_self_attention_layer_norm(x)
+        k, v = self.self_attention.project_kv(h)  # [batch, 1, heads, d_kv]
+        zero = jnp.zeros((), jnp.int32)
+        keys = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), (zero, index, zero, zero))
+        values = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), (zero, index, zero, zero))
+        x = x + self.self_attention(h, keys, values, self_bias, True)
+        return self._rest(x, cross_k, cross_v, cross_bias, True), {"k": keys, "v": values}
+
+
+def _layer_class(cls, config: T5Config):
+    # `deterministic` (positional argument 3 for the encoder, 5 for the decoder, counting self) is static.
+    if not config.remat:
+        return cls
+    return nn.remat(cls, static_argnums=(3,) if cls is EncoderLayer else (5,))
+
+
+class T5(nn.Module):
+    """The T5 encoder-decoder. Parameters: `token_embedder`, `encoder/*`, `decoder/*` (see `models.hf` for the
+    mapping to transformers names)."""
+
+    config: T5Config
+
+    def setup(self):
+        cfg = self.config
+        self.token_embedder = self.param(
+            "token_embedder", nn.with_logical_partitioning(_normal(cfg.initializer_factor), ("vocab", "embed")),
+            (cfg.vocab_size, cfg.d_model), cfg.weight_dtype)
+        self.encoder = Encoder(cfg)
+        self.decoder = Decoder(cfg)
+
+    def _embed(self, tokens: Array) -> Array:
+        x = jnp.take(self.token_embedder, tokens, axis=0).astype(self.config.compute_dtype)
+        return nn.with_logical_constraint(x, ("batch", "activation_length", "activation_embed"))
+
+    def encode(self, encoder_input_tokens: Array, enable_dropout: bool = False) -> Array:
+        """Encoder outputs `[batch, enc_len, d_model]`; pad tokens (id 0) are masked as keys."""
+        return self.encoder(self._embed(encoder_input_tokens), encoder_input_tokens > 0, not enable_dropout)
+
+    def decode(self, encoded: Array, encoder_input_tokens: Array, decoder_input_tokens: Array,
+               enable_dropout: bool = False) -> Array:
+        """Teacher-forced next-token logits `[batch, dec_len, vocab]` (float32)."""
+        h = self.decoder(self._embed(decoder_input_tokens), encoded, encoder_input_tokens > 0, not enable_dropout)
+        return self._logits(h)
+
+    def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
+                 enable_dropout: bool = False) -> Array:
+        """Logits `[batch, dec_len, vocab]` (float32) of the decoder fed `decoder_input_tokens`."""
+        encoded = self.encode(encoder_input_tokens, enable_dropout)
+        return self.decode(encoded, encoder_input_tokens, decoder_input_tokens, enable_dropout)
+
+    def cross_kv(self, encoded: Array) -> tuple[tuple[Array, Array], ...]:
+        """Per decoder layer, the cross-attention (keys, values) `[batch, enc_len, heads, d_kv]` of `encoded`."""
+        return self.decoder.cross_kv(encoded)
+
+    def decode_step(self, tokens: Array, index: Array, cache: dict, cross_kv: tuple, encoder_mask: Array):
+        """Logits `[batch, vocab]` for the token after `tokens` [batch] at position `index`, and the updated cache.
+
+        `cache` comes from `T5.init_cache` (then from the previous step), `cross_kv` from `cross_kv`,
+        `encoder_mask` [batch, enc_len] is True at real (non-pad) prompt tokens.
+        """
+        x = self._embed(tokens[:, None])
+        h, cache = self.decoder.step(x, index, cache, cross_kv, encoder_mask)
+        return self._logits(h)[:, 0], cache
+
+    def _logits(self, h: Array) -> Array:
+        cfg = self.config
+        dt = cfg.compute_dtype
+        if cfg.tie_word_embeddings:
+            logits = jnp.einsum("bld,vd->blv", h * (cfg.d_model ** -0.5), self.token_embedder.astype(dt))
+        else:
+            logits = self.decoder.logits_dense(h)
+        logits = logits.astype(jnp.float32)
+        return nn.with_logical_constraint(logits, ("batch", "activation_length", "activation_vocab"))
+
+    @staticmethod
+    def init_cache(config: T5Config, batch: int, max_len: int) -> dict:
+        """Empty self-attention cache: per decoder layer `{'k', 'v'}` of `[batch, max_len, heads, d_kv]`."""
+        shape = (batch, max_len, config.num_heads, config.d_kv)
+        return {f"layers_{i}": {"k": jnp.zeros(shape, config.compute_dtype), "v": jnp.zeros(shape, config.compute_dtype)}
+                for i in range(config.n_decoder_layers)}
+
+
+class LogitsDense(nn.Module):
+    """The untied (v1.1) output projection `[d_model, vocab]`."""
+
+    config: T5Config
+
+    @nn.compact
+    def __call__(self, h: Array) -> Array:
+        cfg = self.config
+        kernel = self.param("kernel", nn.with_logical_partitioning(_normal(cfg.initializer_factor * cfg.d_model ** -0.5),
+                                                                   ("embed", "vocab")),
+                            (cfg.d_model, cfg.vocab_size), cfg.weight_dtype)
+        return h.astype(cfg.compute_dtype) @ kernel.astype(cfg.compute_dtype)
+
+
+class Encoder(nn.Module):
+    config: T5Config
+
+    def setup(self):
+        cfg = self.config
+        self.relpos_bias = RelativePositionBias(cfg, bidirectional=True)
+        layer = _layer_class(EncoderLayer, cfg)
+        self.layers = [layer(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
+        self.encoder_norm = RMSNorm(cfg)
+        self.dropout = nn.Dropout(cfg.dropout_rate)
+
+    def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+        length = x.shape[1]
+        bias = self.relpos_bias(length, length) + _key_mask_bias(mask)  # [batch, heads, len, len]
+        x = self.dropout(x, deterministic=deterministic)
+        for layer in self.layers:
+            x = layer(x, bias, deterministic)
+        return self.dropout(self.encoder_norm(x), deterministic=deterministic)
+
+
+class Decoder(nn.Module):
+    config: T5Config
+
+    def setup(self):
+        cfg = self.config
+        self.relpos_bias = RelativePositionBias(cfg, bidirectional=False)
+        layer = _layer_class(DecoderLayer, cfg)
+        self.layers = [layer(cfg, name=f"layers_{i}") for i in range(cfg.n_decoder_layers)]
+        self.decoder_norm = RMSNorm(cfg)
+        self.dropout = nn.Dropout(cfg.dropout_rate)
+        if not cfg.tie_word_embeddings:
+            self.logits_dense = LogitsDense(cfg)
+
+    def __call__(self, x: Array, encoded: Array, encoder_mask: Array, deterministic: bool) -> Array:
+        length = x.shape[1]
+        causal = jnp.tril(jnp.ones((length, length), bool))
+        self_bias = self.relpos_bias(length, length) + jnp.where(causal, 0.0, _MASK_VALUE)[None, None]
+        cross_bias = _key_mask_bias(encoder_mask)
+        x = self.dropout(x, deterministic=deterministic)
+        for layer in self.layers:
+            x = layer(x, encoded, self_bias, cross_bias, deterministic)
+        return self.dropout(self.decoder_norm(x), deterministic=deterministic)
+
+    def cross_kv(self, encoded: Array):
+        return tuple(layer.cross_kv(encoded) for layer in self.layers)
+
+    def step(self, x: Array, index: Array, cache: dict, cross_kv: tuple, encoder_mask: Array):
+        max_len = cache["layers_0"]["k"].shape[1]
+        visible = jnp.arange(max_len) <= index  # keys written so far
+        self_bias = self.relpos_bias.row(index, max_len) + jnp.where(visible, 0.0, _MASK_VALUE)[None, None, None]
+        cross_bias = _key_mask_bias(encoder_mask)
+        new_cache = {}
+        for i, layer in enumerate(self.layers):
+            name = f"layers_{i}"
+            x, new_cache[name] = layer.step(x, index, cache[name], *cross_kv[i], self_bias, cross_bias)
+        return self.decoder_norm(x), new_cache
+
+
+def _key_mask_bias(mask: Array) -> Array:
+    """`[batch, key_len]` bool (True = attend) -> additive bias `[batch, 1, 1, key_len]` (float32)."""
+    return jnp.where(mask, 0.0, _MASK_VALUE).astype(jnp.float32)[:, None, None, :]
+
+
+def param_count(params: Any) -> int:
+    return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))

@@ -1,0 +1,91 @@
+"""The interface every reasoning task implements.
+
+A task turns its raw data into `Example`s (input x, intermediate hypothesis z, answer y), renders the texts the
+generator and critic read, critiques a hypothesis against the gold one (the oracle critic), perturbs gold
+hypotheses into plausible mistakes for critic training, splits hypotheses into steps for reward models and scores
+predictions. Everything here is pure Python/numpy so tasks run on any machine, without JAX.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any, Mapping, Protocol, Sequence
+
+NO_HINT = "No hint"
+
+# Default template for the generator's refinement input (x, previous hypothesis z', feedback f).
+DEFAULT_REFINE_TEMPLATE = "{x} Previous Answer: {z} Feedback: {f}"
+
+
+class DataError(ValueError):
+    """A data file is missing or malformed; the message names the file and what was expected."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One problem: generator input `x`, gold intermediate steps `z`, gold answer `y`.
+
+    `meta` holds what the task needs to execute or check hypotheses (numbers, rules, ...); it is plain data
+    (JSON-serialisable).
+    """
+
+    uid: str
+    x: str
+    z: str
+    y: str
+    meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepError:
+    """One structured error: its `kind` (task-specific name, e.g. "operator"), the step index it refers to
+    (None when it concerns the whole hypothesis) and an optional `detail` (e.g. the misaligned phrase)."""
+
+    kind: str
+    step: int | None = None
+    detail: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Feedback:
+    """Structured errors plus the natural-language feedback sentence the critic learns to produce."""
+
+    errors: tuple[StepError, ...]
+    text: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+class Task(Protocol):
+    """What training, refinement and reward models need from a task (see `tasks/mwp.py` for the reference one)."""
+
+    name: str
+    error_kinds: tuple[str, ...]  # every `StepError.kind` this task can emit, for per-type metrics
+
+    def load(self, split: str, data_dir: str | None = None, **kwargs) -> list[Example]:
+        """Examples of `split` ("train", "val", "test"); `data_dir=None` means the task's default source."""
+
+    def critic_input(self, example: Example, hypothesis: str) -> str:
+        """The text the critic reads: the problem followed by a hypothesis."""
+
+    def oracle_feedback(self, example: Example, hypothesis: str) -> Feedback:
+        """Gold-aware feedback on `hypothesis`; `Feedback.ok` when nothing is wrong. Never raises."""
+
+    def perturb(self, example: Example, rng: random.Random) -> tuple[str, Feedback]:
+        """A plausible wrong (or, at the configured rate, unchanged) hypothesis and its oracle feedback."""
+
+    def split_steps(self, hypothesis: str) -> list[str]:
+        """The hypothesis cut into reasoning steps (reward models score each one)."""
+
+    def step_labels(self, example: Example, hypothesis: str) -> list[bool]:
+        """Per-step correctness of `hypothesis`, aligned with `split_steps` (process reward-model labels)."""
+
+    def score(self, predictions: Sequence[str], examples: Sequence[Example]) -> dict[str, float]:
+        """Task metrics of predicted hypotheses against the examples' gold ones (per-example means)."""
+
+
+def refine_input(x: str, hypothesis: str, feedback: str, template: str = DEFAULT_REFINE_TEMPLATE) -> str:
+    """The generator's input for a revision turn: problem, previous hypothesis and its feedback."""
+    return template.format(x=x, z=hypothesis, f=feedback)

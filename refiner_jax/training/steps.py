@@ -1,0 +1,207 @@
+"""Losses and the jit-sharded train / eval steps.
+
+A *loss function* has the signature ``loss_fn(params, batch, rng) -> (loss_sum, sums)``: ``loss_sum`` is the
+differentiable loss SUMMED over tokens (not averaged), and ``sums`` is a dict of summed metrics that must contain
+``'tokens'`` (the normaliser) and may contain any ``'<name>_sum'`` entries. ``rng`` is a dropout key, or None for
+deterministic evaluation. Returning sums (not means) makes gradient accumulation and multi-batch evaluation exact:
+the step divides by the token count of the WHOLE batch once. ``mean_metrics`` turns sums into means.
+
+Steps are ``jax.jit`` functions with explicit in/out shardings and a donated state; they are compiled once per
+input shape (pad batches to fixed shapes; an all-pad row has zero weight and changes nothing). Call them like
+plain functions: they enter the mesh and logical-axis-rule context themselves.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, PartitionSpec as P
+
+from refiner_jax import sharding as shd
+from refiner_jax.models.t5 import PAD_ID, shift_right
+from refiner_jax.training.state import TrainState
+
+Batch = dict[str, jax.Array]
+LossFn = Callable[[Any, Batch, jax.Array | None], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Losses
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def masked_cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array | None = None, *,
+                         z_loss: float = 0.0) -> tuple[jax.Array, jax.Array]:
+    """Summed token cross-entropy and the token count (both float32 scalars).
+
+    logits ``[batch, len, vocab]``, targets ``[batch, len]`` int, weights ``[batch, len]`` (default: 1 where
+    ``targets != PAD_ID``, else 0). Positions with zero weight never contribute, even if their logits are
+    non-finite. ``z_loss`` adds ``z_loss * logsumexp(logits)**2`` per token (the T5X/PaLM stabiliser).
+    """
+    logits = logits.astype(jnp.float32)
+    if weights is None:
+        weights = targets != PAD_ID
+    weights = weights.astype(jnp.float32)
+    log_z = jax.nn.logsumexp(logits, axis=-1)  # [batch, len]
+    target_logit = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    nll = log_z - target_logit
+    if z_loss:
+        nll = nll + z_loss * jnp.square(log_z)
+    nll = jnp.where(weights > 0, nll, 0.0)
+    return jnp.sum(nll * weights), jnp.sum(weights)
+
+
+def seq2seq_loss(apply_fn: Callable[..., jax.Array], *, z_loss: float = 0.0) -> LossFn:
+    """Teacher-forced loss for an encoder-decoder with the T5 signature
+    ``apply_fn({'params': p}, inputs, decoder_inputs, enable_dropout=..., rngs=...) -> logits [b, lt, V]``.
+
+    ``batch``: ``'inputs'`` [b, li] int32 and ``'targets'`` [b, lt] int32 (ending with eos, padded with 0); an
+    optional ``'weights'`` [b, lt] replaces the non-pad mask (e.g. to train only on some target tokens). The
+    decoder inputs are the targets shifted right. Sums: ``loss_sum``, ``accuracy_sum`` (argmax == target), ``tokens``.
+    """
+    def loss_fn(params: Any, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:
+        targets = batch["targets"]
+        dropout = rng is not None
+        logits = apply_fn({"params": params}, batch["inputs"], shift_right(targets), enable_dropout=dropout,
+                          rngs={"dropout": rng} if dropout else None)
+        weights = batch.get("weights")
+        if weights is None:
+            weights = (targets != PAD_ID).astype(jnp.float32)
+        loss_sum, tokens = masked_cross_entropy(logits, targets, weights, z_loss=z_loss)
+        correct = jnp.sum((jnp.argmax(logits, -1) == targets) * weights)
+        return loss_sum, {"loss_sum": loss_sum, "accuracy_sum": correct, "tokens": tokens}
+
+    return loss_fn
+
+
+def mean_metrics(sums: dict[str, Any]) -> dict[str, Any]:
+    """``{'x_sum': s, 'tokens': n, ...}`` -> ``{'x': s / n, 'tokens': n, ...}`` (other entries unchanged)."""
+    n = jnp.maximum(sums["tokens"], 1.0)
+    return {(k[:-4] if k.endswith("_sum") else k): (v / n if k.endswith("_sum") else v) for k, v in sums.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Steps
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class ShardedStep:
+    """A jitted step bound to a mesh and logical-axis rules: ``step(*args)`` runs it, ``step.lower(*args)`` lowers
+    it ahead of time (``.compile().memory_analysis()`` reports memory before the first step)."""
+
+    def __init__(self, jitted: Any, mesh: Mesh, rules: shd.Rules):
+        self.jitted, self.mesh, self.rules = jitted, mesh, rules
+
+    def __call__(self, *args):
+        with shd.use_mesh(self.mesh, self.rules):
+            return self.jitted(*args)
+
+    def lower(self, *args):
+        with shd.use_mesh(self.mesh, self.rules):
+            return self.jitted.lower(*args)
+
+    def num_compiled(self) -> int:
+        """How many input-shape variants have been compiled (1 for a run with fixed batch shapes)."""
+        return self.jitted._cache_size()
+
+
+def _split_microbatches(x: jax.Array, m: int, batch_axes: Any) -> jax.Array:
+    """``[b, ...] -> [m, b // m, ...]`` with microbatch ``i`` = rows ``i, i + m, ...``: every microbatch keeps rows
+    on every batch shard, so the split needs no communication."""
+    b = x.shape[0]
+    x = x.reshape((b // m, m) + x.shape[1:]).swapaxes(0, 1)
+    return jax.lax.with_sharding_constraint(x, P(None, batch_axes))
+
+
+def _check_microbatching(batch: Batch, m: int, divisor: int) -> None:
+    for name, x in batch.items():
+        b = x.shape[0]
+        if b % m or (b // m) % divisor:
+            raise ValueError(
+                f"batch['{name}'] has {b} rows: with num_microbatches={m} each microbatch must hold a multiple of "
+                f"the {divisor} batch shards; use a batch size that is a multiple of {m * divisor}")
+
+
+def _tree_add(a: Any, b: Any) -> Any:
+    return jax.tree.map(jnp.add, a, b)
+
+
+def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, mesh: Mesh, state_shardings: TrainState,
+                    *, rules: shd.Rules = shd.DEFAULT_RULES, num_microbatches: int = 1,
+                    schedule: optax.Schedule | None = None, donate: bool = True) -> ShardedStep:
+    """``train_step(state, batch) -> (new_state, metrics)`` as one jitted, sharded program.
+
+    The gradient is that of ``loss_sum / tokens`` over the whole batch. With ``num_microbatches = m > 1`` the batch
+    is split into m interleaved microbatches and a ``lax.scan`` accumulates summed gradients and metrics (float32,
+    kept in the parameters' sharding), so peak activation memory is that of one microbatch and the result equals the
+    full-batch step (dropout aside: each microbatch draws its own mask). Dropout keys are
+    ``fold_in(fold_in(state.rng, state.step), microbatch)``, deterministic and resumable. ``metrics`` holds the
+    means from ``mean_metrics``, ``grad_norm`` (before clipping) and, when ``schedule`` is given, ``learning_rate``.
+    The input state is donated (its buffers are reused); do not touch it after the call.
+    """
+    if num_microbatches < 1:
+        raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
+    batch_sh = shd.batch_sharding(mesh, rules)
+    batch_axes, divisor = batch_sh.spec[0], shd.batch_divisor(mesh, rules)
+    m = num_microbatches
+
+    def grads_and_sums(params: Any, batch: Batch, step_rng: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        if m == 1:
+            (_, sums), grads = grad_fn(params, batch, jax.random.fold_in(step_rng, 0))
+            return grads, sums
+        _check_microbatching(batch, m, divisor)
+        micro = jax.tree.map(lambda x: _split_microbatches(x, m, batch_axes), batch)
+        first = jax.tree.map(lambda x: x[0], micro)
+        sums_shape = jax.eval_shape(loss_fn, params, first, step_rng)[1]
+        zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        zero_grads = jax.lax.with_sharding_constraint(zero_grads, state_shardings.params)
+        zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape)
+
+        def body(carry, xs):
+            acc_grads, acc_sums = carry
+            index, mb = xs
+            (_, sums), grads = grad_fn(params, mb, jax.random.fold_in(step_rng, index))
+            grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+            acc_grads = jax.lax.with_sharding_constraint(_tree_add(acc_grads, grads), state_shardings.params)
+            return (acc_grads, _tree_add(acc_sums, sums)), None
+
+        (grads, sums), _ = jax.lax.scan(body, (zero_grads, zero_sums), (jnp.arange(m), micro))
+        return grads, sums
+
+    def step_fn(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+        step_rng = jax.random.fold_in(state.rng, state.step)
+        grads, sums = grads_and_sums(state.params, batch, step_rng)
+        denom = jnp.maximum(sums["tokens"], 1.0)
+        grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, state.params)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = mean_metrics(sums)
+        metrics["grad_norm"] = optax.global_norm(grads)
+        if schedule is not None:
+            metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
+        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+        return new_state, metrics
+
+    jitted = jax.jit(step_fn, in_shardings=(state_shardings, batch_sh),
+                     out_shardings=(state_shardings, shd.replicated(mesh)),
+                     donate_argnums=(0,) if donate else ())
+    return ShardedStep(jitted, mesh, rules)
+
+
+def make_eval_step(loss_fn: LossFn, mesh: Mesh, params_shardings: Any, *,
+                   rules: shd.Rules = shd.DEFAULT_RULES) -> ShardedStep:
+    """``eval_step(params, batch) -> sums`` (no dropout). Add the sums of several batches, then ``mean_metrics``."""
+    def eval_fn(params: Any, batch: Batch) -> dict[str, jax.Array]:
+        return loss_fn(params, batch, None)[1]
+
+    jitted = jax.jit(eval_fn, in_shardings=(params_shardings, shd.batch_sharding(mesh, rules)),
+                     out_shardings=shd.replicated(mesh))
+    return ShardedStep(jitted, mesh, rules)
+
+
+__all__ = ["Batch", "LossFn", "ShardedStep", "make_eval_step", "make_train_step", "masked_cross_entropy",
+           "mean_metrics", "seq2seq_loss"]

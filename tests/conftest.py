@@ -1,0 +1,18 @@
+"""Shared test fixtures: paths to the shared datasets, and CPU-only JAX."""
+import os
+import pathlib
+
+import pytest
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# The shared datasets sit beside the checkout (../shared/data); REFINER_DATA overrides.
+SHARED_DATA = pathlib.Path(os.environ.get("REFINER_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> pathlib.Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared datasets not found at {SHARED_DATA} (set REFINER_DATA)")
+    return SHARED_DATA

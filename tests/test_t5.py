@@ -1,0 +1,183 @@
+"""The Flax T5 against transformers' PyTorch T5 (random weights built locally), plus the HF checkpoint bridge."""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax.linen import meta
+
+from refiner_jax.models import hf
+from refiner_jax.models.t5 import T5, T5Config, preset, relative_position_buckets, shift_right
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+V10 = dict(vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=3, num_heads=4,
+           relative_attention_num_buckets=8, relative_attention_max_distance=20, feed_forward_proj="relu",
+           tie_word_embeddings=True, dropout_rate=0.0)
+V11 = dict(V10, feed_forward_proj="gated-gelu", tie_word_embeddings=False, num_decoder_layers=2)
+
+
+def _torch_t5(fields: dict, seed: int):
+    """A reference T5 with every tensor (norm scales included) randomised so that any mapping error shows."""
+    torch.manual_seed(seed)
+    config = transformers.T5Config(**fields, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    model = transformers.T5ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("layer_norm.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * (0.5 if "relative_attention_bias" in name else p.std().clamp(min=0.05)))
+    return model
+
+
+def _batch():
+    # Two prompts of different lengths (padding in the batch) and decoder inputs with padding too.
+    enc = np.array([[5, 9, 17, 33, 2, 41, 7, 1, 0, 0, 0, 0],
+                    [12, 88, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0]], np.int32)
+    targets = np.array([[8, 14, 6, 1, 0, 0, 0],
+                        [30, 2, 19, 44, 71, 3, 1]], np.int32)
+    return enc, targets
+
+
+@pytest.mark.parametrize("fields", [V10, V11], ids=["t5-v1.0", "t5-v1.1"])
+def test_logits_match_transformers(tmp_path, fields):
+    ref = _torch_t5(fields, seed=0)
+    ref.save_pretrained(tmp_path)
+    config, params = hf.load_t5(tmp_path)
+    assert config.feed_forward_proj == fields["feed_forward_proj"]
+    assert config.tie_word_embeddings == fields["tie_word_embeddings"]
+    enc, targets = _batch()
+    model = T5(config)
+    encoded = model.apply({"params": params}, jnp.asarray(enc), method=T5.encode)
+    logits = model.apply({"params": params}, jnp.asarray(enc), shift_right(jnp.asarray(targets)))
+    with torch.no_grad():
+        enc_t = torch.tensor(enc, dtype=torch.long)
+        mask = (enc_t > 0).long()
+        ref_encoded = ref.encoder(input_ids=enc_t, attention_mask=mask).last_hidden_state.numpy()
+        ref_logits = ref(input_ids=enc_t, attention_mask=mask,
+                         labels=torch.tensor(targets, dtype=torch.long)).logits.numpy()
+    real = enc > 0
+    enc_diff = np.abs(np.asarray(encoded) - ref_encoded)[real].max()
+    logit_diff = np.abs(np.asarray(logits) - ref_logits).max()
+    print(f"{fields['feed_forward_proj']}: encoder max|diff| {enc_diff:.2e}, logits max|diff| {logit_diff:.2e}")
+    assert enc_diff < 1e-4
+    assert logit_diff < 1e-4
+    assert np.abs(ref_logits).max() > 1.0  # the comparison is not between near-zero tensors
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_relative_position_buckets_match_reference(bidirectional):
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    for buckets, max_distance in ((32, 128), (8, 20)):
+        ours = relative_position_buckets(300, 300, bidirectional, buckets, max_distance)
+        rel = torch.arange(300)[None, :] - torch.arange(300)[:, None]
+        theirs = T5Attention._relative_position_bucket(rel, bidirectional, buckets, max_distance).numpy()
+        np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("fields", [V10, V11], ids=["t5-v1.0", "t5-v1.1"])
+def test_export_loads_in_transformers_and_round_trips_exactly(tmp_path, fields):
+    config = T5Config(**fields)
+    params = meta.unbox(T5(config).init(jax.random.key(3), jnp.ones((1, 4), jnp.int32),
+                                        jnp.ones((1, 3), jnp.int32))["params"])
+    out = hf.save_t5(config, params, tmp_path / "export")
+    ref, info = transformers.T5ForConditionalGeneration.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    # The reference's tensors equal ours under the documented transposes.
+    sd = {k: v.detach().numpy() for k, v in ref.state_dict().items()}
+    np.testing.assert_array_equal(sd["shared.weight"], np.asarray(params["token_embedder"]))
+    np.testing.assert_array_equal(sd["encoder.block.1.layer.1.DenseReluDense.wo.weight"],
+                                  np.asarray(params["encoder"]["layers_1"]["mlp"]["wo"]).T)
+    q = np.asarray(params["decoder"]["layers_0"]["encoder_decoder_attention"]["query"])
+    np.testing.assert_array_equal(sd["decoder.block.0.layer.1.EncDecAttention.q.weight"],
+                                  q.reshape(config.d_model, -1).T)
+    # Export -> import is exact.
+    config2, params2 = hf.load_t5(out)
+    assert config2 == config
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params, params2)
+    # And the model we exported computes what the reference computes.
+    enc, targets = _batch()
+    ours = T5(config).apply({"params": params}, jnp.asarray(enc), shift_right(jnp.asarray(targets)))
+    with torch.no_grad():
+        theirs = ref(input_ids=torch.tensor(enc, dtype=torch.long), attention_mask=torch.tensor(enc > 0).long(),
+                     labels=torch.tensor(targets, dtype=torch.long)).logits.numpy()
+    assert np.abs(np.asarray(ours) - theirs).max() < 1e-4
+
+
+def test_cached_decode_step_equals_teacher_forcing():
+    config = preset("t5-tiny", dropout_rate=0.0)
+    model = T5(config)
+    enc, targets = _batch()
+    enc = jnp.asarray(enc) % config.vocab_size
+    dec_in = shift_right(jnp.asarray(targets))
+    params = meta.unbox(model.init(jax.random.key(1), enc, dec_in)["params"])
+    full = model.apply({"params": params}, enc, dec_in)  # [b, len, V]
+    encoded = model.apply({"params": params}, enc, method=T5.encode)
+    cross = model.apply({"params": params}, encoded, method=T5.cross_kv)
+    cache = T5.init_cache(config, enc.shape[0], 16)
+    for i in range(dec_in.shape[1]):
+        step_logits, cache = model.apply({"params": params}, dec_in[:, i], jnp.int32(i), cache, cross, enc > 0,
+                                         method=T5.decode_step)
+        np.testing.assert_allclose(np.asarray(step_logits), np.asarray(full[:, i]), atol=2e-5, rtol=1e-5)
+
+
+def test_remat_changes_nothing_but_memory():
+    config = preset("t5-tiny")
+    enc, targets = _batch()
+    enc, targets = jnp.asarray(enc), jnp.asarray(targets)
+    params = meta.unbox(T5(config).init(jax.random.key(2), enc, targets)["params"])
+
+    def loss(p, cfg):
+        logits = T5(cfg).apply({"params": p}, enc, shift_right(targets), enable_dropout=True,
+                               rngs={"dropout": jax.random.key(7)})
+        return jnp.mean(jax.nn.log_softmax(logits)[..., 3])
+
+    plain = jax.value_and_grad(loss)(params, config)
+    remat = jax.value_and_grad(loss)(params, config.replace(remat=True))
+    np.testing.assert_allclose(plain[0], remat[0], rtol=1e-6)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), plain[1], remat[1])
+
+
+def test_mismatches_name_the_parameter(tmp_path):
+    config = T5Config(**V10)
+    params = meta.unbox(T5(config).init(jax.random.key(0), jnp.ones((1, 2), jnp.int32),
+                                        jnp.ones((1, 2), jnp.int32))["params"])
+    state = hf.state_dict_from_params(config, params)
+    bad = dict(state)
+    bad["encoder.block.1.layer.1.DenseReluDense.wi.weight"] = np.zeros((7, 32), np.float32)
+    with pytest.raises(ValueError, match=r"encoder\.block\.1\.layer\.1\.DenseReluDense\.wi\.weight.*encoder/layers_1/mlp/wi"):
+        hf.params_from_state_dict(config, bad)
+    missing = dict(state)
+    del missing["decoder.final_layer_norm.weight"]
+    with pytest.raises(ValueError, match="decoder.final_layer_norm.weight.*decoder/decoder_norm/scale"):
+        hf.params_from_state_dict(config, missing)
+    extra = dict(state, **{"decoder.block.9.layer.0.layer_norm.weight": np.ones(32, np.float32)})
+    with pytest.raises(ValueError, match="decoder.block.9"):
+        hf.params_from_state_dict(config, extra)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        hf.load_t5(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(hf.config_to_hf(config)))
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        hf.load_t5(tmp_path)
+
+
+def test_presets_match_transformers_configs():
+    # Published architecture numbers of the released checkpoints (parameter counts from their model cards).
+    counts = {"t5-small": 60_506_624, "flan-t5-small": 76_961_152}
+    for name, expected in counts.items():
+        config = preset(name)
+        shapes = jax.eval_shape(lambda c=config: T5(c).init(jax.random.key(0), jnp.ones((1, 1), jnp.int32),
+                                                             jnp.ones((1, 1), jnp.int32)))["params"]
+        n = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(meta.unbox(shapes)))
+        assert n == expected, name
+
+
+def test_bad_config_is_rejected_early():
+    with pytest.raises(ValueError, match="feed_forward_proj"):
+        T5Config(feed_forward_proj="swish")
+    with pytest.raises(ValueError, match="unknown T5 preset"):
+        preset("t5-gigantic")
