@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 from typing import Any, Mapping, Protocol, Sequence
 
 NO_HINT = "No hint"
@@ -63,6 +64,7 @@ class Task(Protocol):
 
     name: str
     error_kinds: tuple[str, ...]  # every `StepError.kind` this task can emit, for per-type metrics
+    primary_metric: str  # the `score` key that model selection and the results tables lead with
 
     def load(self, split: str, data_dir: str | None = None, **kwargs) -> list[Example]:
         """Examples of `split` ("train", "val", "test"); `data_dir=None` means the task's default source."""
@@ -89,3 +91,17 @@ class Task(Protocol):
 def refine_input(x: str, hypothesis: str, feedback: str, template: str = DEFAULT_REFINE_TEMPLATE) -> str:
     """The generator's input for a revision turn: problem, previous hypothesis and its feedback."""
     return template.format(x=x, z=hypothesis, f=feedback)
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def feedback_sentences(text: str) -> frozenset[str]:
+    """The feedback's sentences, whitespace- and case-normalised, as a set (their order carries no meaning)."""
+    parts = (" ".join(p.split()).lower() for p in _SENTENCE_END.split(text.strip()))
+    return frozenset(p for p in parts if p)
+
+
+def feedback_matches(predicted: str, gold: str) -> bool:
+    """Exact match of two feedback texts, insensitive to sentence order, spacing and case."""
+    return feedback_sentences(predicted) == feedback_sentences(gold)

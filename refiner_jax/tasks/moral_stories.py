@@ -38,7 +38,7 @@ from typing import Sequence
 from refiner_jax.tasks import text_metrics
 from refiner_jax.tasks.base import NO_HINT, DataError, Example, Feedback, StepError
 
-TAGS = ("<|SIT|>", "<|INT|>", "<|I_ACT|>", "<|NRM|>", "<|M_ACT|>")
+TAGS = ("<|SIT|>", "<|INT|>", "<|I_ACT|>", "<|NRM|>", "<|M_ACT|>")  # special tokens for the tokenizer
 M_ACT = "<|M_ACT|>"
 SPLIT_FILES = {"train": "actor_dev.json", "val": "actor_dev.json", "test": "actor_test.json"}
 CONTRADICTION = "Contradiction."
@@ -56,7 +56,8 @@ altruistic alright required obligatory dutiful tolerant forgiving thoughtful nei
 dependable clean hygienic careful cautious considered acceptable correct proper cordial mannerly diligent
 hardworking caring empathetic wholesome classy gentle peaceful calm grateful thankful merciful faithful
 sincere truthful decent honourable respectable healthy attentive conscientious fine polite sportsmanlike
-accommodating scholarly sanitary recommended accepting encouraging comforting beautiful
+accommodating scholarly sanitary recommended accepting encouraging comforting beautiful scrupulous observant
+benevolent keen couth appropriate
 """.split())
 
 BAD_WORDS = frozenset("""
@@ -75,7 +76,8 @@ unproductive damaging destructive hazardous problematic sketchy shady suspicious
 disruptive distracting bothersome irritating inconvenient impatient obnoxious entitled spoiled harsh unjust
 insane crazy sad tasteless thoughtless heartless callous shallow gullible naive vain snobby snobbish hostile
 irresponsible unloving uncaring mischievous malicious petty lewd inhumane dangerous risky disgraceful
-conceited juvenile alarming homophobic transphobic bigoted weak delinquent overwhelming difficult
+conceited juvenile alarming homophobic transphobic bigoted weak delinquent overwhelming difficult execrable
+malevolent delusional deplorable vengeful
 """.split())
 
 _NEGATABLE_PREFIXES = ("un", "in", "im", "ir", "il", "dis")
@@ -296,7 +298,9 @@ want decide try plan need have hope wish start begin agree refuse choose offer a
 aim like love hate prefer continue forget remember learn manage arrange expect tend struggle
 """.split())
 _BOUNDARIES = frozenset("and but so because while when since after before until though although or then as if "
-                        "which who whom where".split())
+                        "which who whom where he she they it we i".split())
+_TRAILING = STOPWORDS | frozenset("about after around before by down during from into like off onto out over "
+                                  "through toward towards under up upon without her".split())
 _DETERMINER_STARTS = frozenset("the a an his her their my our its this that these those some".split())
 _PRONOUN_SUBJECTS = frozenset("he she they i we it".split())
 
@@ -319,7 +323,7 @@ def _base_form(verb: str) -> tuple[str, str] | None:
         return stem_, "base"
     if v.endswith("ies") and len(v) > 4:
         return v[:-3] + "y", "base"
-    if v.endswith(("sses", "shes", "ches", "xes", "zes", "oes")):
+    if v.endswith(("sses", "shes", "ches", "xes", "zzes", "oes")):
         return v[:-2], "base"
     if v.endswith("s") and not v.endswith(("ss", "us", "is", "'s")) and len(v) > 2:
         return v[:-1], "base"
@@ -327,11 +331,11 @@ def _base_form(verb: str) -> tuple[str, str] | None:
 
 
 def _second_person(tokens: list[str]) -> list[str]:
+    """"his"/"their" -> "your", reflexives -> "yourself" ("her" is left alone: it may be an object)."""
     out = []
-    for i, tok in enumerate(tokens):
+    for tok in tokens:
         low = tok.lower()
-        nxt = tokens[i + 1].lower() if i + 1 < len(tokens) else ""
-        if low in ("his", "their") or (low == "her" and nxt and nxt not in _BOUNDARIES | STOPWORDS):
+        if low in ("his", "their"):
             out.append("your")
         elif low in ("himself", "herself", "themselves"):
             out.append("yourself")
@@ -368,12 +372,14 @@ def _phrase_from(tokens: list[str], start: int, max_words: int) -> tuple[str, st
             break
         i += 1
     words = [w for w in _second_person(words) if w]
+    while len(words) > 1 and words[-1].lower() in _TRAILING:
+        words.pop()  # a phrase cut short should not end on "the", "about", ...
     if len(words) < 2:
         return None
     return " ".join(words), form
 
 
-def story_verb_phrases(sentence: str, max_words: int = 9) -> list[tuple[str, str]]:
+def story_verb_phrases(sentence: str, max_words: int = 10) -> list[tuple[str, str]]:
     """Verb phrases (text, form) of a story sentence, with the subject dropped and possessives made second
     person: "Brian drags his hose next door and starts putting out the fire." -> [("drag your hose next door",
     "base"), ("start putting out the fire", "base")]. Form "base" is a bare verb phrase, "gerund" an -ing one."""
@@ -389,6 +395,8 @@ def story_verb_phrases(sentence: str, max_words: int = 9) -> list[tuple[str, str
         elif tokens[0][:1].isupper() and tokens[0].lower() not in _DETERMINER_STARTS:
             while i < len(tokens) and tokens[i][:1].isupper() and i < 3:
                 i += 1
+            if tokens[i - 1].endswith("'s"):
+                continue  # "Jack's kids are ...": the subject is a longer noun phrase; skip the sentence
         else:
             continue
         first = _phrase_from(tokens, i, max_words)
@@ -438,10 +446,11 @@ def read_actor_file(path: pathlib.Path) -> list[dict]:
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); expected {expected}") from None
     if not isinstance(records, list) or not records:
-        raise DataError(f"{path}: expected {expected}, got {'an empty list' if records == [] else type(records).__name__}")
+        got = "an empty list" if records == [] else type(records).__name__
+        raise DataError(f"{path}: expected {expected}, got {got}")
     for i, rec in enumerate(records):
-        if not isinstance(rec, dict) or not all(isinstance(rec.get(k), str) for k in ("id", "actor_input",
-                                                                                       "actor_output")):
+        if not isinstance(rec, dict) or not all(isinstance(rec.get(k), str)
+                                                for k in ("id", "actor_input", "actor_output")):
             raise DataError(f"{path}: record {i}: expected string fields 'id', 'actor_input', 'actor_output'")
         if parse_input(rec["actor_input"]) is None:
             raise DataError(f"{path}: record {i} ({rec['id']}): 'actor_input' must read "
@@ -456,6 +465,8 @@ class MoralStoriesTask:
 
     name = "moral_stories"
     error_kinds = ("contradiction", "misaligned")
+    primary_metric = "norm_rougeL"
+    special_tokens = TAGS
 
     def __init__(self, no_change_rate: float = 0.2, val_size: int = 100, seed: int = 0,
                  align_threshold: float = 0.5, data_dir: str | None = None):

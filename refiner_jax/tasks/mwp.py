@@ -14,6 +14,15 @@ token). An equation without an operator (one SVAMP problem answers with a number
 argument, e.g. `number0`. The parser still accepts `substract` and a trailing `EOS` piece, so REFINER outputs can
 be scored.
 
+Data. `x` is the csv `Question` column, which already is `Body + " " + Ques` (8 MAWPS rows have Body "Empty" and
+hold the question alone); `meta` keeps `numbers` (floats, in numberK order), the prefix `equation` and the gold
+`answer`. Validation is a seeded held-out slice of train.csv, never SVAMP.
+
+Feedback uses the paper's wording ("The operator in #1 is incorrect.", "The first number in #0 is incorrect.",
+"An operator is missing.", "An operator is extra."): a missing operator first, then each hypothesis step's
+sentences in step order (an extra step says "An operator is extra."), each sentence once, joined by one space;
+`#k` numbers the hypothesis' own steps; "No hint" when nothing is wrong.
+
 Everything model-facing is total: `parse_formula` returns a structured failure instead of raising, `execute`
 returns None for anything it cannot evaluate (division by zero, unknown numbers, references to later steps), and
 the oracle critic compares formulas structurally (`oracle_errors`), never by token position.
@@ -70,7 +79,7 @@ class Arg:
     "const" (value = the float); `text` is how it is written."""
 
     kind: str
-    value: float
+    value: int | float
     text: str
 
     @property
@@ -371,9 +380,9 @@ def oracle_errors(gold: Formula, hyp: Formula) -> tuple[StepError, ...]:
     """Structural comparison of a hypothesis with the gold formula; empty when they are equivalent.
 
     Steps are aligned, not compared by position: a hypothesis step computing exactly a gold subexpression is
-    paired with it first (any order; the last step only with the gold's last); the leftover steps are paired in order, choosing the pairing with the fewest
-    wrong operators/operands (ties: earliest steps paired). Unpaired gold steps are missing operators, unpaired
-    hypothesis steps extra ones. References are compared through the pairing (`_ArgMatcher`), so one wrong,
+    paired with it first (any order; the last step only with the gold's last); the leftover steps are paired in
+    order, choosing the pairing with the fewest wrong operators/operands (ties: earliest steps paired). Unpaired
+    gold steps are missing operators, unpaired hypothesis steps extra ones. References are compared through the pairing (`_ArgMatcher`), so one wrong,
     missing or extra step does not make every later step that uses it wrong. Operands of add/multiply may be
     swapped.
     """
@@ -462,17 +471,17 @@ def _example_from_fields(uid: str, question: str, numbers: Sequence[float], equa
 def _examples_from_csv(path: str, prefix: str) -> list[Example]:
     examples = []
     for i, row in enumerate(_read_csv(path)):
-        where = f"{path}: row {i + 2}"  # 1-based, after the header
+        where = f"{path}: data row {i + 1}"
+        equation = row["Equation"] or ""
         try:
             numbers = [float(v) for v in (row["Numbers"] or "").split()]
-            answer = float(row["Answer"])
-            extra = {k: row[k] for k in ("Type",) if row.get(k)}
-            ex = _example_from_fields(f"{prefix}-{i}", row["Question"] or "", numbers, row["Equation"] or "",
-                                      answer, extra)
-        except (ValueError, TypeError) as e:
+            answer = float(row["Answer"] or "")
+            extra = {"type": row["Type"]} if row.get("Type") else {}
+            ex = _example_from_fields(f"{prefix}-{i}", row["Question"] or "", numbers, equation, answer, extra)
+        except ValueError as e:
             raise DataError(f"{where}: {e}; expected Numbers = space-separated numbers, Equation = a prefix "
                             f"equation over numberK and constants, Answer = a number") from e
-        max_k = max((int(m) for m in re.findall(r"number(\d+)", row["Equation"])), default=-1)
+        max_k = max((int(m) for m in re.findall(r"number(\d+)", equation)), default=-1)
         if max_k >= len(numbers):
             raise DataError(f"{where}: Equation uses number{max_k} but Numbers has {len(numbers)} value(s)")
         if not ex.x:
@@ -482,8 +491,8 @@ def _examples_from_csv(path: str, prefix: str) -> list[Example]:
 
 
 def heldout_split(examples: Sequence[Example], val_size: int, seed: int) -> tuple[list[Example], list[Example]]:
-    """(train, val): a seeded random `val_size` slice, drawn by problem text so that repeated problems (MAWPS
-    has 420 duplicated texts) never sit on both sides."""
+    """(train, val): a seeded random slice of `val_size` examples, drawn by problem text so that repeated problems
+    (MAWPS has 420 duplicated texts) never sit on both sides."""
     groups: dict[str, list[Example]] = {}
     for ex in examples:
         groups.setdefault(ex.x.lower(), []).append(ex)
@@ -492,10 +501,9 @@ def heldout_split(examples: Sequence[Example], val_size: int, seed: int) -> tupl
     val_keys: set[str] = set()
     count = 0
     for key in keys:
-        if count >= val_size:
-            break
-        val_keys.add(key)
-        count += len(groups[key])
+        if count + len(groups[key]) <= val_size:
+            val_keys.add(key)
+            count += len(groups[key])
     train = [ex for ex in examples if ex.x.lower() not in val_keys]
     val = [ex for ex in examples if ex.x.lower() in val_keys]
     return train, val
@@ -515,6 +523,7 @@ class MWPTask:
 
     name = "mwp"
     error_kinds = ERROR_KINDS
+    primary_metric = "equation_em_canonical"
 
     def __init__(self, seed: int = 0, val_size: int = 300, no_change_rate: float = 0.2,
                  perturbation_weights: Mapping[str, float] | None = None, answer_rel_tol: float = 1e-4,

@@ -400,6 +400,7 @@ def set_f1(gold: frozenset, predicted: frozenset) -> float:
 
 
 def set_iou(gold: frozenset, predicted: frozenset) -> float:
+    """HELM's IoU = |G∩P| / |G∪P|; 1 when both are empty."""
     if not gold and not predicted:
         return 1.0
     return len(gold & predicted) / len(gold | predicted)
@@ -423,6 +424,7 @@ class SNLRTask:
 
     name = "snlr"
     error_kinds = ERROR_KINDS
+    primary_metric = "ir_em"
 
     def __init__(self, seed: int = 42, train_size: int = 1000, val_size: int = 5000, test_size: int = 5000,
                  difficulty: str = "hard", no_change_rate: float = 0.2, chain_style: str = "refiner",

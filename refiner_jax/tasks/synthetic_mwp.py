@@ -457,8 +457,9 @@ FAMILIES: dict[str, tuple[Family, bool]] = {
 }
 
 
-def _distractor(p: _Pick, draft: _Draft) -> str:
-    """A sentence with one irrelevant number (about someone or something the question does not ask about)."""
+def _distractors(p: _Pick, draft: _Draft, count: int) -> list[str]:
+    """`count` different sentences, each with one irrelevant number (`@x0`, `@x1`, ...) about someone or
+    something the question does not ask about."""
     outsider = next(x for x in p.people if x not in draft.people)
     A = p.people[0]
     others = [x for x in p.d.items if x != draft.item] or [draft.item]
@@ -467,7 +468,7 @@ def _distractor(p: _Pick, draft: _Draft) -> str:
                f"{outsider} {p.d.gain[0][0]} @x {draft.item[1]} last year ."]
     if p.d.countable:
         options += [f"{outsider} has @x {draft.item[1]} .", f"{A} also has @x {other} ."]
-    return p.rng.choice(options)
+    return [s.replace("@x", f"@x{i}") for i, s in enumerate(p.rng.sample(options, count))]
 
 
 # ----------------------------------------------------------------------------------------------- assembly
@@ -501,8 +502,8 @@ def generate_problem(rng: random.Random, uid: str = "synth") -> Problem:
         draft = family(p)
         body = list(draft.body)
         values = dict(draft.values)
-        for i in range(rng.choices((0, 1, 2), weights=(0.45, 0.4, 0.15))[0]):
-            body.insert(rng.randint(0, len(body)), _distractor(p, draft).replace("@x", f"@x{i}"))
+        for i, sentence in enumerate(_distractors(p, draft, rng.choices((0, 1, 2), weights=(0.45, 0.4, 0.15))[0])):
+            body.insert(rng.randint(0, len(body)), sentence)
             values[f"x{i}"] = rng.randint(2, 60)
         text = " ".join(body + [draft.question])
         order = re.findall(r"@(\w+)", text)

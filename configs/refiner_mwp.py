@@ -1,0 +1,31 @@
+"""REFINER on math word problems.
+
+  --config=configs/refiner_mwp.py          embedded synthetic MWP, a small model; every stage runs on a laptop CPU
+  --config=configs/refiner_mwp.py:svamp    train on MAWPS+ASDiv-A, test on SVAMP (`task.data_dir` = the folder
+                                           holding SVAMP's mawps-asdiv-a_svamp train.csv / dev.csv)
+  --config=configs/refiner_mwp.py:paper    UnifiedQA-T5-base generator and critic at the paper's hyper-parameters
+                                           (an accelerator and a checkpoint directory or network access needed)
+Any field can be overridden: `--config.refiner.turns=4 --config.model.preset=t5-small`.
+"""
+from refiner_jax.training import config as base
+
+
+def get_config(arg: str | None = None):
+    config = base.base_config()
+    config.task.name = "mwp"
+    variant = arg or "default"
+    if variant == "default":
+        pass
+    elif variant == "svamp":
+        config.task.data_dir = "../shared/data/svamp/mawps-asdiv-a_svamp"
+        config.lengths.input = 128
+        config.lengths.refine_input = 192
+        config.critic.steps = 3000
+        config.warmup.steps = 3000
+        config.refiner.steps = 1500
+    elif variant == "paper":
+        base.use_paper_settings(config, "unifiedqa-t5-base")
+        config.task.data_dir = "../shared/data/svamp/mawps-asdiv-a_svamp"
+    else:
+        raise ValueError(f"unknown variant {variant!r} for refiner_mwp.py; use one of: default, svamp, paper")
+    return config

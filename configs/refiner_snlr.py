@@ -1,0 +1,25 @@
+"""REFINER on synthetic natural-language reasoning (sNLR, HELM's "hard" rule/fact problems).
+
+  --config=configs/refiner_snlr.py           freshly generated data (seeded; needs no files)
+  --config=configs/refiner_snlr.py:released  REFINER's released splits (`task.data_dir` = the folder holding
+                                             srn_{train,val,test}.json)
+"""
+from refiner_jax.training import config as base
+
+
+def get_config(arg: str | None = None):
+    config = base.base_config()
+    config.task.name = "snlr"
+    config.task.options = {"train_size": 4000, "val_size": 300, "test_size": 1000}
+    config.lengths.input = 192
+    config.lengths.refine_input = 256
+    config.lengths.critic_input = 256
+    config.lengths.target = 64
+    config.eval.examples = 1000
+    variant = arg or "default"
+    if variant == "released":
+        config.task.options = {}
+        config.task.data_dir = "../shared/data/refiner/srn"
+    elif variant != "default":
+        raise ValueError(f"unknown variant {variant!r} for refiner_snlr.py; use default or released")
+    return config

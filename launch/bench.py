@@ -1,0 +1,141 @@
+"""Benchmarks against transformers' PyTorch implementation; each subcommand prints one JSON object.
+
+  python launch/bench.py sample --preset tiny|t5-small [--repeats 5]
+
+Timings are wall-clock medians of interleaved runs (ours, theirs, ours, ...) after a warm-up, in one process;
+our compile time is reported separately. Not a test: numbers depend on the machine and its load.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SAMPLE_PRESETS = {"tiny": "t5-tiny", "t5-small": "t5-small"}
+
+
+def _median_interleaved(fns: dict, repeats: int) -> dict:
+    """Median seconds of each zero-argument callable, run round-robin `repeats` times after one warm-up round."""
+    for fn in fns.values():
+        fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def bench_sample(args) -> dict:
+    """Batch sampling throughput of `refiner_jax.sampling.sample_t5` vs `T5ForConditionalGeneration.generate`.
+
+    Scenarios: greedy (batch 32, 128 prompt tokens, exactly 64 new tokens) and top-p 0.5 (8 prompts x 8 samples,
+    64 new tokens); EOS is suppressed in both implementations (min_new_tokens = max_new_tokens) so both generate
+    the same number of tokens. Same architecture and weights (ours, exported with `models.hf.save_t5`).
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    import transformers
+    from flax.linen import meta
+
+    from refiner_jax import sampling
+    from refiner_jax.models import hf
+    from refiner_jax.models.t5 import T5, preset
+
+    torch.set_num_threads(args.torch_threads)
+    config = preset(SAMPLE_PRESETS[args.preset], dropout_rate=0.0)
+    rng = np.random.default_rng(args.seed)
+    dummy = jnp.ones((1, 8), jnp.int32)
+    params = meta.unbox(T5(config).init(jax.random.key(args.seed), dummy, dummy)["params"])
+    with tempfile.TemporaryDirectory() as tmp:
+        hf.save_t5(config, jax.device_get(params), tmp)
+        reference = transformers.T5ForConditionalGeneration.from_pretrained(tmp).eval()
+
+    scenarios = {
+        "greedy": dict(batch=32, num_samples=1, temperature=0.0, top_p=1.0),
+        "top_p": dict(batch=8, num_samples=8, temperature=1.0, top_p=0.5),
+    }
+    new_tokens = args.new_tokens
+    results = {}
+    for name in args.scenarios.split(","):
+        sc = scenarios[name]
+        prompts = rng.integers(2, config.vocab_size, size=(sc["batch"], args.prompt_len), dtype=np.int32)
+        key = jax.random.key(args.seed)
+        knobs = dict(config=config, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                     num_samples=sc["num_samples"], temperature=sc["temperature"], top_p=sc["top_p"],
+                     max_top_k=args.max_top_k)
+
+        def ours():
+            return jax.block_until_ready(sampling.sample_t5(params, prompts, key, **knobs))
+
+        generation = transformers.GenerationConfig(
+            do_sample=sc["temperature"] > 0, num_beams=1, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+            num_return_sequences=sc["num_samples"], top_k=0 if sc["temperature"] > 0 else None,
+            top_p=sc["top_p"] if sc["temperature"] > 0 else None, temperature=sc["temperature"] or None,
+            decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+        input_ids = torch.from_numpy(prompts.astype(np.int64))
+
+        def theirs():
+            with torch.inference_mode():
+                return reference.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                          generation_config=generation)
+
+        start = time.perf_counter()
+        first = ours()
+        first_call = time.perf_counter() - start
+        theirs_tokens = theirs()[:, 1:].numpy()
+        med = _median_interleaved({"ours": ours, "transformers": theirs}, args.repeats)
+        generated = sc["batch"] * sc["num_samples"] * new_tokens
+        ours_tokens = np.asarray(first.tokens).reshape(-1, new_tokens)
+        entry = {
+            "batch": sc["batch"], "num_samples": sc["num_samples"], "prompt_len": args.prompt_len,
+            "new_tokens": new_tokens, "temperature": sc["temperature"], "top_p": sc["top_p"],
+            "ours_s": round(med["ours"], 4), "transformers_s": round(med["transformers"], 4),
+            "ours_tokens_per_s": round(generated / med["ours"], 1),
+            "transformers_tokens_per_s": round(generated / med["transformers"], 1),
+            "speedup": round(med["transformers"] / med["ours"], 2),
+            "ours_compile_s": round(max(first_call - med["ours"], 0.0), 2),
+            "all_lengths_equal_new_tokens": bool(np.all(np.asarray(first.lengths) == new_tokens)
+                                                 and theirs_tokens.shape[1] == new_tokens),
+        }
+        if name == "greedy":
+            # Float summation order differs, so long greedy runs may drift apart after a near-tie.
+            entry["greedy_identical_rows"] = int(np.all(ours_tokens == theirs_tokens, axis=1).sum())
+        results[name] = entry
+    return {"benchmark": "sample", "preset": args.preset, "config": SAMPLE_PRESETS[args.preset],
+            "repeats": args.repeats, "torch_threads": args.torch_threads, "max_top_k": args.max_top_k,
+            "jax_devices": str(jax.devices()), "results": results}
+
+
+def _add_sample_parser(subparsers) -> None:
+    p = subparsers.add_parser("sample", help="batch sampling throughput vs transformers generate")
+    p.add_argument("--preset", choices=sorted(SAMPLE_PRESETS), default="tiny")
+    p.add_argument("--scenarios", default="greedy,top_p", help="comma-separated subset of greedy,top_p")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per implementation (median reported)")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--max-top-k", type=int, default=64, help="static top-k / nucleus search bound of our sampler")
+    p.add_argument("--torch-threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=bench_sample)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_sample_parser(subparsers)
+    args = parser.parse_args(argv)
+    print(json.dumps(args.func(args), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""A trained critic as a tool: feedback on hypotheses from any system (e.g. an LLM's answers).
+
+    python launch/critic.py --workdir=RUN --input=in.jsonl --output=out.jsonl
+    python launch/critic.py --workdir=RUN --input=in.jsonl --output=prompts.jsonl --render_prompt
+
+Input: one JSON object per line, {"question": ..., "hypothesis": ...} plus an optional "id". Output: the same
+records with "feedback" added, and with --render_prompt a few-shot "prompt" that asks an LLM to revise the
+hypothesis given the feedback (built-in demonstrations for MWP; --demos=FILE.jsonl with question / hypothesis /
+feedback / revision per line replaces them). The logic lives in `refiner_jax.critic_tool`.
+"""
+from absl import app, flags
+
+from refiner_jax import critic_tool, refine
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Trained run directory holding critic/export.")
+_INPUT = flags.DEFINE_string("input", None, "JSONL with question and hypothesis per line.")
+_OUTPUT = flags.DEFINE_string("output", None, "JSONL to write (records + feedback [+ prompt]).")
+_RENDER = flags.DEFINE_bool("render_prompt", False, "Also write an LLM refinement prompt per record.")
+_DEMOS = flags.DEFINE_string("demos", None, "JSONL of demonstrations for the prompt (replaces the built-in ones).")
+_BATCH = flags.DEFINE_integer("batch_size", 64, "Critic batch size.")
+flags.mark_flags_as_required(["workdir", "input", "output"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    try:
+        critic_tool.read_jsonl(_INPUT.value)  # fail on a bad line before loading the model
+        demos = critic_tool.read_demonstrations(_DEMOS.value) if _DEMOS.value else None
+    except critic_tool.CriticInputError as e:
+        raise SystemExit(f"error: {e}") from e
+    critic = refine.ModelCritic.load(_WORKDIR.value)
+    critic.model.batch_size = _BATCH.value
+    n = critic_tool.run_tool(critic, critic.task, _INPUT.value, _OUTPUT.value, render=_RENDER.value,
+                             demonstrations=demos)
+    print(f"wrote feedback for {n} records to {_OUTPUT.value}")
+
+
+if __name__ == "__main__":
+    app.run(main)

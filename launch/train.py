@@ -1,0 +1,33 @@
+"""Trains a REFINER critic and generator and evaluates them: tokenizer, critic, warm-up, REFINER loop, evaluation.
+
+    python launch/train.py --config=configs/refiner_mwp.py --workdir=/tmp/refiner_mwp
+    python launch/train.py --config=configs/refiner_mwp.py:svamp --config.task.data_dir=PATH --workdir=...
+    python launch/train.py --config=configs/refiner_snlr.py --config.refiner.turns=4 --workdir=...
+
+Rerunning with the same --workdir skips finished stages and resumes an interrupted one. The logic lives in
+`refiner_jax.training.pipeline`; this file only parses flags.
+"""
+from absl import app, flags
+from ml_collections import config_flags
+
+from refiner_jax import sharding
+from refiner_jax.training import pipeline
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py[:variant]).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", "workdir/refiner", "Run directory (checkpoints, metrics, results).")
+_STAGES = flags.DEFINE_list("stages", list(pipeline.STAGES), f"Stages to run, from {pipeline.STAGES}.")
+_MULTIHOST = flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() (TPU pod slices, multi-node "
+                                "GPU clusters; the cluster is auto-detected).")
+flags.mark_flags_as_required(["config"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    sharding.maybe_initialize_distributed(enabled=_MULTIHOST.value)
+    pipeline.run(_CONFIG.value, _WORKDIR.value, tuple(_STAGES.value))
+
+
+if __name__ == "__main__":
+    app.run(main)

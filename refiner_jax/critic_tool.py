@@ -1,0 +1,299 @@
+"""A trained critic as a tool for any generator, and interactive refinement with a person as the critic.
+
+Critic tool: JSONL in, one record per line `{"question": ..., "hypothesis": ..., "id": ... (optional)}` (e.g. an
+LLM's answers), JSONL out with "feedback" added; optionally "prompt", a few-shot refinement prompt for an LLM:
+demonstrations of (question, wrong hypothesis, critic feedback, corrected hypothesis), then the record's question,
+hypothesis and feedback, asking for the revision. A question from another system has no gold answer, so it becomes
+an `Example` with empty z and y; tasks whose critic input needs more than the question (Moral Stories reads the
+gold moral action) take it from the record's "y" field.
+
+Interactive refinement: `interactive_refine` shows the problem and the generator's hypothesis, a person types
+feedback (Enter accepts the trained critic's suggestion; "ok" / "No hint" accepts the hypothesis), the generator
+revises. `ask`/`show` are plain callables so scripts and tests can drive it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+from typing import Any, Callable, Iterable, Sequence
+
+from refiner_jax import refine
+from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task
+
+
+class CriticInputError(ValueError):
+    """A malformed input or demonstrations file; the message names the file, the line and what was expected."""
+
+
+# ----------------------------------------------------------------------------------------------- records
+
+_RECORD_HELP = ('one JSON object per line: {"question": "<problem text>", "hypothesis": "<answer to critique>"} '
+                'with optional "id" (and "y" where the task\'s critic reads the gold answer)')
+
+
+def read_records(lines: Iterable[str], source: str = "<input>") -> list[dict]:
+    """Parses and checks JSONL records (blank lines skipped); raises CriticInputError naming the line."""
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{source}, line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise CriticInputError(f"{where}: not valid JSON ({e.msg} at column {e.colno}); expected "
+                                   f"{_RECORD_HELP}") from e
+        if not isinstance(record, dict):
+            raise CriticInputError(f"{where}: got a JSON {type(record).__name__}; expected {_RECORD_HELP}")
+        for key in ("question", "hypothesis"):
+            if key not in record:
+                raise CriticInputError(f"{where}: missing \"{key}\" (keys: {sorted(record)}); expected {_RECORD_HELP}")
+            if not isinstance(record[key], str):
+                raise CriticInputError(f"{where}: \"{key}\" must be a string, got {type(record[key]).__name__}; "
+                                       f"expected {_RECORD_HELP}")
+        if "y" in record and not isinstance(record["y"], str):
+            raise CriticInputError(f"{where}: \"y\" must be a string, got {type(record['y']).__name__}")
+        records.append({**record, "_line": number})
+    return records
+
+
+def read_jsonl(path: str) -> list[dict]:
+    if not os.path.isfile(path):
+        raise CriticInputError(f"{path}: input file not found; expected {_RECORD_HELP}")
+    with open(path, encoding="utf-8") as f:
+        return read_records(f, path)
+
+
+def gold_fields_read(task: Task) -> set[str]:
+    """Which gold fields ("z", "y") `task.critic_input` puts into the critic's input (probed with marker values)."""
+    markers = {"z": "\u2063gold-z\u2063", "y": "\u2063gold-y\u2063"}
+    text = task.critic_input(Example("probe", "question", markers["z"], markers["y"]), "hypothesis")
+    return {field for field, marker in markers.items() if marker in text}
+
+
+def records_to_examples(records: Sequence[dict], task: Task, source: str = "<input>") -> list[Example]:
+    """Gold-free examples: x = the question, z = "" and y = the record's "y" (or ""). Raises CriticInputError when
+    the task's critic input needs a gold field that the records cannot give."""
+    needed = gold_fields_read(task)
+    if "z" in needed:
+        raise CriticInputError(f"task {task.name!r}: its critic input contains the gold hypothesis z, which an "
+                               "external record cannot provide; this critic cannot be used as a tool")
+    examples = []
+    for i, r in enumerate(records):
+        if "y" in needed and not r.get("y"):
+            raise CriticInputError(f"{source}, line {r.get('_line', i + 1)}: task {task.name!r}'s critic reads the "
+                                   "gold answer; add it as \"y\" to every record")
+        examples.append(Example(uid=str(r.get("id", f"line-{r.get('_line', i + 1)}")), x=r["question"], z="",
+                                y=r.get("y", "") if "y" in needed else ""))
+    return examples
+
+
+# ----------------------------------------------------------------------------------------------- prompts
+
+
+@dataclasses.dataclass(frozen=True)
+class Demonstration:
+    question: str
+    hypothesis: str  # a wrong (or already right) answer
+    feedback: str  # what the critic says about it
+    revision: str  # the corrected answer
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptFormat:
+    """How a refinement prompt reads: an instruction, then blocks of question / hypothesis / feedback / revision."""
+
+    instruction: str
+    hypothesis_label: str
+    revision_label: str
+    demonstrations: tuple[Demonstration, ...]
+
+
+MWP_PROMPT = PromptFormat(
+    instruction=("Each answer below is an equation: steps \"#k: op ( a, b )\" joined by \" | \", where op is add, "
+                 "subtract, multiply or divide, numberK is the K-th number in the question and #j is the result "
+                 "of step j. A critic has commented on the equation. Write the equation again with the problems "
+                 "the feedback names fixed; when the feedback is \"No hint\", keep it as it is."),
+    hypothesis_label="Equation",
+    revision_label="Revised equation",
+    demonstrations=(
+        Demonstration("A baker made number0 cakes . He sold number1 cakes in the morning and number2 cakes in the "
+                      "afternoon . How many cakes are left ?",
+                      "#0: subtract ( number0, number1 ) | #1: add ( #0, number2 )",
+                      "The operator in #1 is incorrect.",
+                      "#0: subtract ( number0, number1 ) | #1: subtract ( #0, number2 )"),
+        Demonstration("Sam has number0 marbles . He gives number1 marbles to each of his number2 friends . How "
+                      "many marbles does Sam have left ?",
+                      "#0: multiply ( number1, number2 ) | #1: subtract ( #0, number0 )",
+                      "The first number in #1 is incorrect. The second number in #1 is incorrect.",
+                      "#0: multiply ( number1, number2 ) | #1: subtract ( number0, #0 )"),
+        Demonstration("A farm has number0 cows and number1 sheep . The farmer buys number2 more sheep . How many "
+                      "animals are on the farm now ?",
+                      "#0: add ( number0, number1 )",
+                      "An operator is missing.",
+                      "#0: add ( number0, number1 ) | #1: add ( #0, number2 )"),
+        Demonstration("Each box holds number0 pencils . How many pencils are there in number1 boxes ?",
+                      "#0: multiply ( number0, number1 ) | #1: add ( #0, number1 )",
+                      "An operator is extra.",
+                      "#0: multiply ( number0, number1 )"),
+        Demonstration("A rope is number0 meters long . It is cut into pieces of number1 meters each . How many "
+                      "pieces are there ?",
+                      "#0: divide ( number0, number1 )",
+                      NO_HINT,
+                      "#0: divide ( number0, number1 )"),
+    ),
+)
+
+GENERIC_PROMPT = PromptFormat(
+    instruction=("A critic has commented on each answer below. Write the answer again with the problems the "
+                 "feedback names fixed; when the feedback is \"No hint\", keep it as it is."),
+    hypothesis_label="Answer",
+    revision_label="Revised answer",
+    demonstrations=(),
+)
+
+
+def prompt_format(task_name: str, demonstrations: Sequence[Demonstration] | None = None) -> PromptFormat:
+    """The task's prompt format (MWP has built-in demonstrations); `demonstrations` replaces the built-in ones."""
+    base = MWP_PROMPT if task_name == "mwp" else GENERIC_PROMPT
+    return base if demonstrations is None else dataclasses.replace(base, demonstrations=tuple(demonstrations))
+
+
+def read_demonstrations(path: str) -> list[Demonstration]:
+    """Demonstrations from JSONL: {"question", "hypothesis", "feedback", "revision"} per line."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise CriticInputError(f"{path}, line {number}: not valid JSON ({e.msg})") from e
+            fields = [fld.name for fld in dataclasses.fields(Demonstration)]
+            if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in fields):
+                raise CriticInputError(f"{path}, line {number}: expected a JSON object with string fields "
+                                       f"{fields}")
+            out.append(Demonstration(**{k: record[k] for k in fields}))
+    return out
+
+
+def _block(fmt: PromptFormat, question: str, hypothesis: str, feedback: str) -> str:
+    return (f"Question: {question}\n{fmt.hypothesis_label}: {hypothesis}\nFeedback: {feedback}\n"
+            f"{fmt.revision_label}:")
+
+
+def render_prompt(question: str, hypothesis: str, feedback: str, fmt: PromptFormat = MWP_PROMPT) -> str:
+    """A few-shot prompt asking an LLM to revise `hypothesis` given the critic's `feedback`; the LLM's
+    continuation is the revision."""
+    parts = [fmt.instruction]
+    parts += [f"{_block(fmt, d.question, d.hypothesis, d.feedback)} {d.revision}" for d in fmt.demonstrations]
+    parts.append(_block(fmt, question, hypothesis, feedback))
+    return "\n\n".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------- the tool
+
+
+def annotate(records: Sequence[dict], critic: refine.Critic, task: Task, fmt: PromptFormat | None = None,
+             source: str = "<input>") -> list[dict]:
+    """The records with the critic's "feedback" (and, with `fmt`, the refinement "prompt") added."""
+    examples = records_to_examples(records, task, source)
+    feedback = critic.feedback(examples, [r["hypothesis"] for r in records]) if records else []
+    out = []
+    for r, f in zip(records, feedback):
+        record = {k: v for k, v in r.items() if k != "_line"}
+        record["feedback"] = f
+        if fmt is not None:
+            record["prompt"] = render_prompt(r["question"], r["hypothesis"], f, fmt)
+        out.append(record)
+    return out
+
+
+def run_tool(critic: refine.Critic, task: Task, input_path: str, output_path: str, render: bool = False,
+             demonstrations: Sequence[Demonstration] | None = None, chunk_size: int = 1024) -> int:
+    """Reads `input_path` (all lines are checked first), writes the annotated records to `output_path` in chunks
+    of `chunk_size`; returns the number of records."""
+    records = read_jsonl(input_path)
+    fmt = prompt_format(task.name, demonstrations) if render else None
+    with open(output_path, "w", encoding="utf-8") as f:
+        for start in range(0, len(records), chunk_size):
+            for record in annotate(records[start:start + chunk_size], critic, task, fmt, input_path):
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return len(records)
+
+
+# ----------------------------------------------------------------------------------------------- interactive
+
+ACCEPT_WORDS = frozenset({"ok", NO_HINT.lower()})
+
+
+@dataclasses.dataclass
+class _Unscored:
+    """A task whose `score` returns nothing: a problem typed at the terminal has no gold to score against."""
+
+    task: Task
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.task, name)
+
+    def score(self, predictions, examples) -> dict[str, float]:
+        return {}
+
+
+def interactive_refine(task: Task, generator, example: Example, suggest: refine.Critic | None = None,
+                       turns: int = 3, template: str = DEFAULT_REFINE_TEMPLATE,
+                       ask: Callable[[str], str] = input, show: Callable[[str], None] = print) -> refine.Trajectory:
+    """Refines one problem with a person as the critic (`refine.HumanCritic`); stops when the person answers
+    "ok" or "No hint" (or accepts a "No hint" suggestion) or after `turns` revisions. Scores each turn when the
+    example has a gold hypothesis."""
+
+    def ask_feedback(prompt: str) -> str:
+        typed = ask(prompt).strip()
+        return NO_HINT if typed.lower() in ACCEPT_WORDS else typed
+
+    human = refine.HumanCritic(suggest=suggest, ask=ask_feedback, show=show)
+    scored = bool(example.z)
+    [trajectory] = refine.refine(generator, human, task if scored else _Unscored(task), [example], turns, template)
+    stopped = len(trajectory.feedback) > len(trajectory.hypotheses) - 1
+    show(f"\nFinal hypothesis ({len(trajectory.hypotheses) - 1} revision(s)"
+         f"{', accepted' if stopped else ', turn limit reached'}): {trajectory.hypotheses[-1]}")
+    if scored:
+        metric = getattr(task, "primary_metric", None) or next(iter(trajectory.scores[0]), None)
+        show(f"Gold: {example.z}")
+        if metric is not None:
+            show(f"{metric} per turn: " + " -> ".join(f"{s.get(metric, float('nan')):.0%}"
+                                                      for s in trajectory.scores))
+    return trajectory
+
+
+def choose_example(examples: Sequence[Example], ask: Callable[[str], str], show: Callable[[str], None],
+                   rng: random.Random) -> Example | None:
+    """Asks for a problem: an index into `examples`, Enter for a random one, any other text is the problem
+    itself (no gold), "q" quits (None)."""
+    typed = ask(f"\nProblem: index 0-{len(examples) - 1}, Enter for a random one, or type a problem "
+                "(q quits): " if examples else "\nType a problem (q quits): ").strip()
+    if typed.lower() in ("q", "quit", "exit"):
+        return None
+    if examples and (not typed or typed.isdigit()):
+        index = rng.randrange(len(examples)) if not typed else int(typed)
+        if index >= len(examples):
+            show(f"no problem {index}: there are {len(examples)}")
+            return choose_example(examples, ask, show, rng)
+        return examples[index]
+    if not typed:
+        return choose_example(examples, ask, show, rng)
+    return Example(uid="typed", x=typed, z="", y="")
+
+
+def interactive_loop(task: Task, generator, examples: Sequence[Example], suggest: refine.Critic | None = None,
+                     turns: int = 3, template: str = DEFAULT_REFINE_TEMPLATE, ask: Callable[[str], str] = input,
+                     show: Callable[[str], None] = print, seed: int = 0) -> list[refine.Trajectory]:
+    """Problem after problem until the person quits; returns the trajectories."""
+    rng = random.Random(seed)
+    out = []
+    while (example := choose_example(examples, ask, show, rng)) is not None:
+        out.append(interactive_refine(task, generator, example, suggest, turns, template, ask, show))
+    return out

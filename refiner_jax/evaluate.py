@@ -1,0 +1,345 @@
+"""REFINER evaluation: generator alone vs. + trained critic vs. + oracle critic, flips, critic quality, noise study.
+
+One greedy generation per problem (turn 0) is shared by every row; the trained-critic trajectory of T turns also
+gives the T=1 row (its hypotheses after the first revision), so nothing is decoded twice. Every task metric is
+scored per example and summarised as mean + 95% percentile-bootstrap CI over examples. A metric that is not a mean
+of per-example values (corpus BLEU, an agreement over a subset) keeps the task's own whole-set value and gets no CI.
+
+The generator only needs `.greedy(texts) -> list[str]` and critics `.feedback(examples, hypotheses)`, so any
+model, a Python function or a person can be evaluated.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from refiner_jax import refine
+from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, feedback_matches
+
+ROW_LABELS = {
+    "generator": "Generator alone",
+    "critic_t1": "+ trained critic (T=1)",
+    "critic": "+ trained critic (T={turns})",
+    "oracle": "+ oracle critic (T={turns})",
+}
+_MAX_BOOTSTRAP_CELLS = 4_000_000  # resampled indices held in memory at once (samples x examples)
+# Seed offset of the held-out perturbation set used to measure the critic (fixed, independent of training's).
+CRITIC_EVAL_SEED = 104729
+
+
+# ----------------------------------------------------------------------------------------------- statistics
+
+
+def _bootstrap_columns(values: np.ndarray, samples: int, seed: int, alpha: float):
+    """Means and percentile-bootstrap bounds of each column of `values` [n, k], one set of resamples for all."""
+    n = values.shape[0]
+    if n == 0:
+        nan = np.full(values.shape[1], np.nan)
+        return nan, nan, nan
+    rng = np.random.default_rng(seed)
+    block = max(1, _MAX_BOOTSTRAP_CELLS // n)
+    means = []
+    for start in range(0, samples, block):
+        idx = rng.integers(0, n, size=(min(block, samples - start), n))  # [b, n]
+        means.append(values[idx].mean(axis=1))  # [b, k]
+    means = np.concatenate(means, axis=0)  # [samples, k]
+    low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2], axis=0)
+    return values.mean(axis=0), low, high
+
+
+def bootstrap_ci(values: Sequence[float], samples: int = 1000, seed: int = 0,
+                 alpha: float = 0.05) -> tuple[float, float, float]:
+    """(mean, low, high): the mean of `values` and its (1 - alpha) percentile-bootstrap interval, resampling the
+    values (examples) with replacement `samples` times. NaNs for an empty sequence."""
+    if samples < 1:
+        raise ValueError(f"bootstrap samples must be >= 1, got {samples}")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    arr = np.asarray(values, dtype=np.float64).reshape(-1, 1)
+    mean, low, high = _bootstrap_columns(arr, samples, seed, alpha)
+    return float(mean[0]), float(low[0]), float(high[0])
+
+
+def summarize_metrics(per_example: Sequence[Mapping[str, float]], whole: Mapping[str, float] | None = None,
+                      samples: int = 1000, seed: int = 0, alpha: float = 0.05) -> dict[str, dict]:
+    """`{metric: {"mean", "low", "high"}}` from per-example task scores. With `whole` (the task's score of the
+    whole set), a metric whose whole-set value is not the mean of its per-example values (a corpus-level metric)
+    reports the whole-set value with `low`/`high` None."""
+    keys = list(whole) if whole else list(per_example[0]) if per_example else []
+    columns = [k for k in keys if per_example and all(k in s for s in per_example)]
+    table = np.array([[float(s[k]) for k in columns] for s in per_example], dtype=np.float64).reshape(
+        len(per_example), len(columns))
+    mean, low, high = _bootstrap_columns(table, samples, seed, alpha)
+    out: dict[str, dict] = {}
+    for j, k in enumerate(columns):
+        decomposable = whole is None or math.isclose(float(whole[k]), float(mean[j]), rel_tol=1e-9, abs_tol=1e-9)
+        out[k] = ({"mean": float(mean[j]), "low": float(low[j]), "high": float(high[j])} if decomposable
+                  else {"mean": float(whole[k]), "low": None, "high": None})
+    for k in keys:
+        if k not in out:
+            out[k] = {"mean": float(whole[k]), "low": None, "high": None}
+    return {k: out[k] for k in keys}
+
+
+def primary_metric(task: Task, metric_names: Sequence[str]) -> str:
+    """The task's headline metric (`task.primary_metric`; the first score key for a task that names none)."""
+    name = getattr(task, "primary_metric", None) or (metric_names[0] if metric_names else None)
+    if name is None or name not in metric_names:
+        raise ValueError(f"task {getattr(task, 'name', task)!r}: primary_metric {name!r} is not one of its score keys "
+                         f"{list(metric_names)}; set the task's primary_metric to one of them")
+    return name
+
+
+# ----------------------------------------------------------------------------------------------- refinement
+
+
+def _turn_scores(traj: refine.Trajectory, turn: int) -> dict[str, float]:
+    return traj.scores[min(turn, len(traj.scores) - 1)]
+
+
+def _row(task: Task, examples: Sequence[Example], trajectories: Sequence[refine.Trajectory], turn: int | None,
+         samples: int, seed: int) -> dict[str, dict]:
+    """Metrics of the trajectories' hypotheses after `turn` revisions (None: their final ones)."""
+    last = max((len(t.scores) for t in trajectories), default=1) - 1
+    t = last if turn is None else turn
+    per_example = [_turn_scores(traj, t) for traj in trajectories]
+    whole = task.score(refine.final_hypotheses(trajectories, turn), list(examples)) if examples else {}
+    return summarize_metrics(per_example, whole, samples, seed)
+
+
+def count_flips(trajectories: Sequence[refine.Trajectory], metric: str, turns: int,
+                threshold: float = 0.5) -> list[dict]:
+    """Wrong->right and right->wrong changes of `metric` between consecutive turns 0->1, ..., (T-1)->T and between
+    turn 0 and turn T. An example counts as right when its score is >= `threshold` (binary metrics: == 1); one that
+    stopped early keeps its last hypothesis. `revised`: examples revised at least once between the two turns."""
+    pairs = [(t, t + 1) for t in range(turns)] + ([(0, turns)] if turns > 1 else [])
+    out = []
+    for a, b in pairs:
+        up = down = revised = 0
+        for traj in trajectories:
+            ra = _turn_scores(traj, a)[metric] >= threshold
+            rb = _turn_scores(traj, b)[metric] >= threshold
+            up += (not ra) and rb
+            down += ra and not rb
+            revised += len(traj.hypotheses) - 1 > a
+        out.append({"from": a, "to": b, "wrong_to_right": up, "right_to_wrong": down, "net": up - down,
+                    "revised": revised})
+    return out
+
+
+def _trajectory_records(trajectories: Sequence[refine.Trajectory], setting: str) -> list[dict]:
+    return [{"setting": setting, "uid": t.uid, "hypotheses": t.hypotheses, "feedback": t.feedback,
+             "scores": t.scores} for t in trajectories]
+
+
+def evaluate_refinement(task: Task, generator, critic: refine.Critic | None, oracle: refine.Critic | None,
+                        examples: Sequence[Example], turns: int = 3, template: str = DEFAULT_REFINE_TEMPLATE,
+                        bootstrap_samples: int = 1000, seed: int = 0,
+                        initial: Sequence[str] | None = None) -> dict[str, Any]:
+    """The results table of one task.
+
+    Rows (`results["rows"]`, in order): the generator alone (turn 0), + trained critic at T=1 and at T=`turns`
+    (one trajectory, truncated for T=1), + oracle critic at T=`turns` (default oracle: `refine.OracleCritic`).
+    Each row maps every task metric to {mean, low, high}. Also: flips of the primary metric per critic, critic
+    quality on a fixed held-out perturbation set and on the generator's own hypotheses, and every trajectory
+    (`results["trajectories"]`). `critic=None` leaves the trained-critic rows out. `initial` reuses turn-0
+    hypotheses already generated.
+    """
+    if turns < 1:
+        raise ValueError(f"turns must be >= 1, got {turns}")
+    examples = list(examples)
+    if not examples:
+        raise ValueError("evaluate_refinement needs at least one example")
+    oracle = oracle if oracle is not None else refine.OracleCritic(task)
+    z0 = list(initial) if initial is not None else generator.greedy([ex.x for ex in examples])
+    runs: dict[str, list[refine.Trajectory]] = {}
+    if critic is not None:
+        runs["critic"] = refine.refine(generator, critic, task, examples, turns, template, initial=z0)
+    runs["oracle"] = refine.refine(generator, oracle, task, examples, turns, template, initial=z0)
+    any_run = next(iter(runs.values()))
+    metric_names = list(any_run[0].scores[0])
+    primary = primary_metric(task, metric_names)
+
+    rows = [{"key": "generator", "label": ROW_LABELS["generator"], "turns": 0,
+             "metrics": _row(task, examples, any_run, 0, bootstrap_samples, seed)}]
+    if critic is not None:
+        if turns > 1:
+            rows.append({"key": "critic_t1", "label": ROW_LABELS["critic_t1"], "turns": 1,
+                         "metrics": _row(task, examples, runs["critic"], 1, bootstrap_samples, seed)})
+        rows.append({"key": "critic", "label": ROW_LABELS["critic"].format(turns=turns), "turns": turns,
+                     "metrics": _row(task, examples, runs["critic"], None, bootstrap_samples, seed)})
+    rows.append({"key": "oracle", "label": ROW_LABELS["oracle"].format(turns=turns), "turns": turns,
+                 "metrics": _row(task, examples, runs["oracle"], None, bootstrap_samples, seed)})
+
+    results: dict[str, Any] = {
+        "task": getattr(task, "name", type(task).__name__),
+        "primary_metric": primary,
+        "num_examples": len(examples),
+        "turns": turns,
+        "bootstrap_samples": bootstrap_samples,
+        "rows": rows,
+        "flips": {name: count_flips(traj, primary, turns) for name, traj in runs.items()},
+        "trajectories": [r for name, traj in runs.items() for r in _trajectory_records(traj, name)],
+    }
+    if critic is not None:
+        quality = critic_quality(task, critic, examples, seed=seed, bootstrap_samples=bootstrap_samples)
+        quality["on_generator"] = _feedback_agreement(
+            task, examples, [t.hypotheses[0] for t in runs["critic"]], [t.feedback[0] for t in runs["critic"]])
+        results["critic_quality"] = quality
+    return results
+
+
+# ----------------------------------------------------------------------------------------------- critic quality
+
+
+def critic_eval_set(task: Task, examples: Sequence[Example], seed: int = 0) -> list[tuple[Example, str, Any]]:
+    """A fixed held-out set of (example, perturbed hypothesis, oracle Feedback): one `task.perturb` per example,
+    drawn from a seeded generator so every evaluation sees the same hypotheses."""
+    rng = random.Random(CRITIC_EVAL_SEED + seed)
+    return [(ex, *task.perturb(ex, rng)) for ex in examples]
+
+
+def _has_error(feedback: str) -> bool:
+    return feedback.strip().lower() != NO_HINT.lower()
+
+
+def _detection(predicted: Sequence[str], gold_has_error: Sequence[bool]) -> dict[str, float]:
+    """Precision/recall/F1 of "the hypothesis has an error" (the critic says anything but No hint)."""
+    pred = np.array([_has_error(p) for p in predicted], dtype=bool)
+    gold = np.array(gold_has_error, dtype=bool)
+    tp = int(np.sum(pred & gold))
+    precision = tp / int(pred.sum()) if pred.any() else float("nan")
+    recall = tp / int(gold.sum()) if gold.any() else float("nan")
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else float("nan")
+    return {"precision": precision, "recall": recall, "f1": f1, "true_positives": tp,
+            "predicted_errors": int(pred.sum()), "gold_errors": int(gold.sum())}
+
+
+def _feedback_agreement(task: Task, examples: Sequence[Example], hypotheses: Sequence[str],
+                        predicted: Sequence[str]) -> dict[str, Any]:
+    """Feedback EM and error detection of critic feedback against the oracle's, on given hypotheses."""
+    gold = [task.oracle_feedback(ex, h) for ex, h in zip(examples, hypotheses)]
+    em = [feedback_matches(p, g.text) for p, g in zip(predicted, gold)]
+    return {"n": len(em), "feedback_em": float(np.mean(em)) if em else float("nan"),
+            "has_error": _detection(predicted, [not g.ok for g in gold])}
+
+
+def critic_quality(task: Task, critic: refine.Critic, examples: Sequence[Example], seed: int = 0,
+                   bootstrap_samples: int = 1000) -> dict[str, Any]:
+    """Feedback exact match (sentence-order-insensitive, `feedback_matches`) against the oracle on the held-out
+    perturbation set, overall and per gold error kind ("no_error" for unchanged hypotheses; a hypothesis with
+    several kinds counts under each), with bootstrap CIs; plus precision/recall of "has an error"."""
+    eval_set = critic_eval_set(task, examples, seed)
+    predicted = critic.feedback([ex for ex, _, _ in eval_set], [h for _, h, _ in eval_set])
+    groups: dict[str, list[float]] = {"all": []}
+    for pred, (_, _, gold) in zip(predicted, eval_set):
+        hit = float(feedback_matches(pred, gold.text))
+        groups["all"].append(hit)
+        for kind in sorted({e.kind for e in gold.errors} or {"no_error"}):
+            groups.setdefault(kind, []).append(hit)
+    order = ["all", "no_error"] + [k for k in getattr(task, "error_kinds", ()) if k != "no_error"]
+    order += sorted(k for k in groups if k not in order)
+    per_type = {}
+    for kind in order:
+        if kind in groups:
+            mean, low, high = bootstrap_ci(groups[kind], bootstrap_samples, seed)
+            per_type[kind] = {"n": len(groups[kind]), "mean": mean, "low": low, "high": high}
+    return {"n": len(eval_set), "seed": seed, "feedback_em": per_type,
+            "has_error": _detection(predicted, [not g.ok for _, _, g in eval_set])}
+
+
+# ----------------------------------------------------------------------------------------------- noise study
+
+
+def noise_study(task: Task, generator, oracle: refine.Critic | None, examples: Sequence[Example],
+                epsilons: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0), turns: int = 3,
+                template: str = DEFAULT_REFINE_TEMPLATE, bootstrap_samples: int = 1000, seed: int = 0,
+                initial: Sequence[str] | None = None) -> dict[str, Any]:
+    """Refinement with the oracle critic whose feedback is replaced, with probability epsilon, by random feedback
+    (`refine.NoisyCritic`): the final hypotheses' metrics (mean + CI) per epsilon."""
+    examples = list(examples)
+    if not examples:
+        raise ValueError("noise_study needs at least one example")
+    oracle = oracle if oracle is not None else refine.OracleCritic(task)
+    z0 = list(initial) if initial is not None else generator.greedy([ex.x for ex in examples])
+    rows, primary = [], None
+    for eps in epsilons:
+        if not 0.0 <= eps <= 1.0:
+            raise ValueError(f"noise level epsilon must be in [0, 1], got {eps}")
+        noisy = refine.NoisyCritic(oracle, task, float(eps), seed=seed)
+        trajectories = refine.refine(generator, noisy, task, examples, turns, template, initial=z0)
+        metrics = _row(task, examples, trajectories, None, bootstrap_samples, seed)
+        primary = primary or primary_metric(task, list(trajectories[0].scores[0]))
+        rows.append({"epsilon": float(eps), "metrics": metrics, **metrics[primary]})
+    return {"primary_metric": primary, "turns": turns, "rows": rows}
+
+
+# ----------------------------------------------------------------------------------------------- trained runs
+
+
+def generator_stage_dir(workdir: str, stages: Sequence[str] = ("refiner", "warmup")) -> str:
+    """The first stage directory of `stages` that has an export (the REFINER generator, else the warm-up one)."""
+    for stage in stages:
+        path = os.path.join(workdir, stage)
+        if os.path.isdir(os.path.join(path, "export")):
+            return path
+    raise FileNotFoundError(f"no trained generator in {workdir}: expected {' or '.join(s + '/export' for s in stages)} "
+                            "(train with launch/train.py --workdir=...)")
+
+
+def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples: int | None = None,
+                 turns: int | None = None, out_dir: str | None = None) -> dict[str, Any]:
+    """Evaluates a trained run directory and writes `results.md`, `results.json`, `predictions.jsonl` and plots
+    to `out_dir` (default `<workdir>/eval`).
+
+    Generator: `<workdir>/refiner` (else `<workdir>/warmup`); critic: `<workdir>/critic` (rows left out when it
+    was not trained). Settings come from the run's config (`config_dict`, default `<workdir>/config.json`):
+    `eval.examples/turns/batch_size/noise_levels/bootstrap_samples`, `refiner.template`, `task.data_dir`.
+    """
+    from refiner_jax import results as results_lib
+
+    if config_dict is not None:
+        config = config_dict.to_dict() if hasattr(config_dict, "to_dict") else dict(config_dict)
+        run = refine.RunInfo(workdir, config)
+    else:
+        run = refine.RunInfo.load(workdir)
+    eval_cfg = dict(run.config.get("eval", {}))
+    turns = int(turns or eval_cfg.get("turns", 3))
+    batch_size = int(eval_cfg.get("batch_size", 64))
+    samples = int(eval_cfg.get("bootstrap_samples", 1000))
+    epsilons = tuple(eval_cfg.get("noise_levels", (0.0, 0.25, 0.5, 0.75, 1.0)))
+    template = run.config.get("refiner", {}).get("template", DEFAULT_REFINE_TEMPLATE)
+    seed = int(run.config.get("seed", 0))
+    limit = max_examples if max_examples is not None else eval_cfg.get("examples")
+
+    generator_dir = generator_stage_dir(workdir)
+    task = run.task()
+    data_dir = run.config.get("task", {}).get("data_dir") or None
+    examples = task.load("test", data_dir)
+    examples = examples[:int(limit)] if limit else examples
+    tokenizer = run.tokenizer()
+    lengths = run.lengths
+    generator = refine.load_text_model(generator_dir, tokenizer, lengths["refine_input"], lengths["target"],
+                                       lengths["bucket"], batch_size)
+    critic = None
+    critic_dir = os.path.join(workdir, "critic")
+    if os.path.isdir(os.path.join(critic_dir, "export")):
+        critic = refine.ModelCritic(refine.load_text_model(critic_dir, tokenizer, lengths["critic_input"],
+                                                           lengths["feedback"], lengths["bucket"], batch_size), task)
+    else:
+        print(f"[eval] {critic_dir}/export not found: the trained-critic rows are left out")
+
+    z0 = generator.greedy([ex.x for ex in examples])
+    results = evaluate_refinement(task, generator, critic, None, examples, turns, template, samples, seed,
+                                  initial=z0)
+    results["noise"] = noise_study(task, generator, None, examples, epsilons, turns, template, samples, seed,
+                                   initial=z0)
+    results["generator_stage"] = os.path.basename(generator_dir)
+    results["workdir"] = os.path.abspath(workdir)
+    results["training"] = results_lib.training_summary(workdir)
+    results_lib.write_results(results, out_dir or os.path.join(workdir, "eval"), workdir=workdir)
+    return results

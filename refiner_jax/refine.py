@@ -1,0 +1,230 @@
+"""Generator <-> critic refinement: text-level models, the critics behind one interface, and the refinement loop.
+
+    z_0 = G(x)                                   greedy
+    for t = 1..T:  f_t = critic(x, z_{t-1});  stop where f_t is "No hint";  z_t = G(template(x, z_{t-1}, f_t))
+
+`TextModel` wraps a T5 and its tokenizer as a batched text -> text function (prompts padded to fixed batch and
+length buckets so the jitted sampler compiles a handful of times per run). Critics (`ModelCritic`, `OracleCritic`,
+`NoisyCritic`, `HumanCritic`, `CallableCritic`) all map (examples, hypotheses) to feedback strings.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+from typing import Any, Callable, Protocol, Sequence
+
+import jax
+import numpy as np
+
+from refiner_jax import checkpoint as ckpt_lib
+from refiner_jax import sampling
+from refiner_jax.models.t5 import T5Config
+from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, refine_input
+from refiner_jax.tokenizers import Tokenizer, load_tokenizer
+
+
+@dataclasses.dataclass
+class TextModel:
+    """A T5 with its tokenizer as a batched text -> text function.
+
+    `max_input` / `max_output` are token budgets; prompts are padded to multiples of `bucket` tokens and to
+    `batch_size` rows, so a stream of batches reuses a few compiled shapes.
+    """
+
+    config: T5Config
+    params: Any
+    tokenizer: Tokenizer
+    max_input: int
+    max_output: int
+    bucket: int = 16
+    batch_size: int = 64
+
+    def generate(self, texts: Sequence[str], *, num_samples: int = 1, top_p: float = 1.0, temperature: float = 0.0,
+                 rng: jax.Array | None = None) -> list[list[str]]:
+        """`num_samples` continuations per text (greedy when temperature is 0), `[len(texts)][num_samples]`."""
+        rng = jax.random.key(0) if rng is None else rng
+        out: list[list[str]] = []
+        for start in range(0, len(texts), self.batch_size):
+            chunk = list(texts[start:start + self.batch_size])
+            rows = chunk + [""] * (self.batch_size - len(chunk))
+            prompts = self.tokenizer.encode_batch(rows, self.max_input, pad_to=self.bucket)
+            result = sampling.sample_t5(self.params, prompts, jax.random.fold_in(rng, start), config=self.config,
+                                        num_samples=num_samples, max_new_tokens=self.max_output,
+                                        temperature=temperature, top_p=top_p)
+            tokens = np.asarray(result.tokens)  # [batch, k, len]
+            for i in range(len(chunk)):
+                out.append(self.tokenizer.decode_batch(tokens[i]))
+        return out
+
+    def greedy(self, texts: Sequence[str]) -> list[str]:
+        return [s[0] for s in self.generate(texts)]
+
+
+def load_text_model(stage_dir: str, tokenizer: Tokenizer, max_input: int, max_output: int, bucket: int = 16,
+                    batch_size: int = 64) -> TextModel:
+    """The exported parameters of a finished training stage (`<workdir>/<stage>`) as a `TextModel`."""
+    export = os.path.join(stage_dir, "export")
+    if not os.path.isdir(export):
+        raise FileNotFoundError(f"{export} does not exist: train the stage first "
+                                "(python launch/train.py --config=... --workdir=...)")
+    params, metadata = ckpt_lib.load_params(export)
+    config = T5Config(**metadata["model_config"])
+    return TextModel(config, params, tokenizer, max_input, max_output, bucket, batch_size)
+
+
+class Critic(Protocol):
+    """Anything that gives feedback on hypotheses; "No hint" means nothing to fix."""
+
+    def feedback(self, examples: Sequence[Example], hypotheses: Sequence[str]) -> list[str]: ...
+
+
+@dataclasses.dataclass
+class ModelCritic:
+    """A trained critic: greedy feedback from (problem + hypothesis)."""
+
+    model: TextModel
+    task: Task
+
+    def feedback(self, examples, hypotheses):
+        return self.model.greedy([self.task.critic_input(ex, h) for ex, h in zip(examples, hypotheses)])
+
+    @classmethod
+    def load(cls, workdir: str, task: Task | None = None) -> "ModelCritic":
+        """The critic of a trained run directory (its task, tokenizer and lengths come from the run's config)."""
+        run = RunInfo.load(workdir)
+        task = task or run.task()
+        model = load_text_model(os.path.join(workdir, "critic"), run.tokenizer(), run.lengths["critic_input"],
+                                run.lengths["feedback"], run.lengths["bucket"])
+        return cls(model, task)
+
+
+@dataclasses.dataclass
+class OracleCritic:
+    """The gold-aware critic of the task (what REFINER trains with and the "+ oracle" rows use)."""
+
+    task: Task
+
+    def feedback(self, examples, hypotheses):
+        return [self.task.oracle_feedback(ex, h).text for ex, h in zip(examples, hypotheses)]
+
+
+@dataclasses.dataclass
+class NoisyCritic:
+    """`critic`'s feedback, replaced with probability `epsilon` by random feedback: the oracle's feedback on a
+    random perturbation of the same problem (a plausible sentence unrelated to the actual hypothesis)."""
+
+    critic: Critic
+    task: Task
+    epsilon: float
+    seed: int = 0
+
+    def __post_init__(self):
+        self._rng = random.Random(self.seed)
+
+    def feedback(self, examples, hypotheses):
+        out = self.critic.feedback(examples, hypotheses)
+        for i, ex in enumerate(examples):
+            if self._rng.random() < self.epsilon:
+                out[i] = self.task.perturb(ex, self._rng)[1].text
+        return out
+
+
+@dataclasses.dataclass
+class HumanCritic:
+    """A person at the terminal types the feedback; an empty line accepts the suggestion (if a critic gives one)."""
+
+    suggest: Critic | None = None
+    ask: Callable[[str], str] = input
+    show: Callable[[str], None] = print
+
+    def feedback(self, examples, hypotheses):
+        suggestions = self.suggest.feedback(examples, hypotheses) if self.suggest else [NO_HINT] * len(examples)
+        out = []
+        for ex, h, s in zip(examples, hypotheses, suggestions):
+            self.show(f"\nProblem:    {ex.x}\nHypothesis: {h}\nSuggested:  {s}")
+            typed = self.ask("Feedback (Enter accepts the suggestion): ").strip()
+            out.append(typed or s)
+        return out
+
+
+@dataclasses.dataclass
+class CallableCritic:
+    """Any Python function `(examples, hypotheses) -> feedback strings` as a critic."""
+
+    fn: Callable[[Sequence[Example], Sequence[str]], list[str]]
+
+    def feedback(self, examples, hypotheses):
+        return list(self.fn(examples, hypotheses))
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """One problem's refinement: hypotheses z_0..z_n, the feedback after each, and per-turn task scores."""
+
+    uid: str
+    hypotheses: list[str]
+    feedback: list[str]
+    scores: list[dict[str, float]]
+
+
+def refine(generator: TextModel, critic: Critic, task: Task, examples: Sequence[Example], turns: int,
+           template: str = DEFAULT_REFINE_TEMPLATE, initial: Sequence[str] | None = None) -> list[Trajectory]:
+    """Runs up to `turns` critic/revision rounds on every example (batched; finished examples drop out)."""
+    current = list(initial) if initial is not None else generator.greedy([ex.x for ex in examples])
+    trajectories = [Trajectory(ex.uid, [z], [], []) for ex, z in zip(examples, current)]
+    active = list(range(len(examples)))
+    for _ in range(turns):
+        if not active:
+            break
+        feedback = critic.feedback([examples[i] for i in active], [current[i] for i in active])
+        revise = []
+        for i, f in zip(active, feedback):
+            trajectories[i].feedback.append(f)
+            if f.strip() != NO_HINT:
+                revise.append(i)
+        revised = generator.greedy([refine_input(examples[i].x, current[i], trajectories[i].feedback[-1], template)
+                                    for i in revise]) if revise else []
+        for i, z in zip(revise, revised):
+            current[i] = z
+            trajectories[i].hypotheses.append(z)
+        active = revise
+    for traj, ex in zip(trajectories, examples):
+        traj.scores = [task.score([h], [ex]) for h in traj.hypotheses]
+    return trajectories
+
+
+def final_hypotheses(trajectories: Sequence[Trajectory], turn: int | None = None) -> list[str]:
+    """Each trajectory's hypothesis after `turn` revisions (its last one when it stopped earlier; None: last)."""
+    return [t.hypotheses[-1] if turn is None else t.hypotheses[min(turn, len(t.hypotheses) - 1)]
+            for t in trajectories]
+
+
+@dataclasses.dataclass
+class RunInfo:
+    """What a run directory says about itself: its config (as saved by launch/train.py) and tokenizer."""
+
+    workdir: str
+    config: dict
+
+    @classmethod
+    def load(cls, workdir: str) -> "RunInfo":
+        path = os.path.join(workdir, "config.json")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path} is missing: {workdir} is not a refiner_jax run directory "
+                                    "(train one with launch/train.py --workdir=...)")
+        with open(path, encoding="utf-8") as f:
+            return cls(workdir, json.load(f))
+
+    @property
+    def lengths(self) -> dict:
+        return self.config["lengths"]
+
+    def tokenizer(self) -> Tokenizer:
+        return load_tokenizer(os.path.join(self.workdir, "tokenizer"))
+
+    def task(self) -> Task:
+        from refiner_jax.tasks import get_task
+
+        return get_task(self.config["task"]["name"], **dict(self.config["task"]["options"]))

@@ -1,0 +1,290 @@
+"""Evaluation reports: `results.md` (markdown tables), `results.json`, `predictions.jsonl` and PNG plots.
+
+Input is the dict built by `evaluate.evaluate_refinement` (+ "noise" from `evaluate.noise_study`, + "training"
+from `training_summary`). Task metrics are shown in % as `mean [low, high]` (95% bootstrap CI over examples);
+a metric without a CI (corpus-level) carries a dagger.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Mapping, Sequence
+
+STAGES = ("critic", "warmup", "refiner")
+# Logged per training step, not learning progress: left out of the learning-curve plots.
+_NOT_CURVES = frozenset({"stage", "step", "examples_per_s", "tokens_per_s", "learning_rate", "lr", "grad_norm",
+                         "best_step"})
+
+
+# ----------------------------------------------------------------------------------------------- formatting
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.1f}"
+
+
+def format_ci(cell: Mapping[str, Any]) -> str:
+    """`mean [low, high]` in %, or `mean †` when the metric has no CI."""
+    if cell.get("low") is None or cell.get("high") is None:
+        return f"{_pct(cell['mean'])} †"
+    return f"{_pct(cell['mean'])} [{_pct(cell['low'])}, {_pct(cell['high'])}]"
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    return "nan" if math.isnan(value) else f"{value:.4g}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _metric_order(results: Mapping[str, Any], metrics: Sequence[str]) -> list[str]:
+    primary = results.get("primary_metric")
+    return ([primary] if primary in metrics else []) + [m for m in metrics if m != primary]
+
+
+# ----------------------------------------------------------------------------------------------- markdown
+
+
+def render_markdown(results: Mapping[str, Any], plots: Sequence[str] = ()) -> str:
+    """The whole report as markdown; `plots` are PNG file names (relative to the report) to embed."""
+    task = results.get("task", "?")
+    primary = results.get("primary_metric", "?")
+    lines = [f"# REFINER evaluation: {task}", ""]
+    info = [f"{results.get('num_examples', '?')} test examples", f"up to T={results.get('turns', '?')} turns"]
+    if results.get("generator_stage"):
+        info.append(f"generator: `{results['generator_stage']}` stage")
+    lines += ["; ".join(info) + ". Task metrics in %, as mean [95% percentile-bootstrap CI over examples, "
+              f"{results.get('bootstrap_samples', '?')} resamples]; primary metric: **{primary}**.", ""]
+
+    rows = results.get("rows") or []
+    if rows:
+        metrics = _metric_order(results, list(rows[0]["metrics"]))
+        lines += ["## Refinement", ""]
+        header = ["Setting"] + [f"**{m}**" if m == primary else m for m in metrics]
+        lines += _table(header, [[r["label"]] + [format_ci(r["metrics"][m]) if m in r["metrics"] else "–"
+                                                 for m in metrics] for r in rows])
+        if any(r["metrics"][m].get("low") is None for r in rows for m in metrics if m in r["metrics"]):
+            lines += ["", "† corpus-level metric: the task's whole-set value, no per-example CI."]
+        lines.append("")
+
+    flips = results.get("flips") or {}
+    if flips:
+        lines += [f"## Flips ({primary})", "",
+                  "Examples that go wrong → right or right → wrong between turns (an example that stopped at "
+                  "\"No hint\" keeps its hypothesis); revised: examples that got a new hypothesis in between.", ""]
+        names = {"critic": "trained critic", "oracle": "oracle critic"}
+        table = [[names.get(c, c), f"{f['from']} → {f['to']}", f["wrong_to_right"], f["right_to_wrong"],
+                  f"{f['net']:+d}", f["revised"]] for c, fl in flips.items() for f in fl]
+        lines += _table(["Critic", "Turns", "Wrong → right", "Right → wrong", "Net", "Revised"], table) + [""]
+
+    quality = results.get("critic_quality")
+    if quality:
+        lines += ["## Critic quality", "",
+                  f"Feedback exact match with the oracle (sentence order ignored) on {quality['n']} held-out "
+                  f"perturbed hypotheses (one `perturb` per test problem, seed {quality['seed']}), by gold error "
+                  "type (a hypothesis with several errors counts under each):", ""]
+        lines += _table(["Gold error", "n", "Feedback EM"],
+                        [[k, v["n"], format_ci(v)] for k, v in quality["feedback_em"].items()])
+        det = quality["has_error"]
+        lines += ["", "Detecting an error (feedback other than \"No hint\"):", ""]
+        table = [["held-out perturbations", quality["n"], _pct(det["precision"]), _pct(det["recall"]),
+                  _pct(det["f1"]), "–"]]
+        gen = quality.get("on_generator")
+        if gen:
+            g = gen["has_error"]
+            table.append(["generator's turn-0 hypotheses", gen["n"], _pct(g["precision"]), _pct(g["recall"]),
+                          _pct(g["f1"]), _pct(gen["feedback_em"])])
+        lines += _table(["Hypotheses", "n", "Precision", "Recall", "F1", "Feedback EM"], table) + [""]
+
+    noise = results.get("noise")
+    if noise and noise.get("rows"):
+        metric = noise.get("primary_metric", primary)
+        lines += [f"## Noisy critic (T={noise.get('turns', '?')})", "",
+                  "The oracle critic's feedback replaced, with probability ε, by random feedback (oracle feedback "
+                  f"on a random perturbation of the same problem); {metric} of the final hypotheses.", ""]
+        lines += _table(["ε", metric], [[f"{r['epsilon']:g}", format_ci(r)] for r in noise["rows"]]) + [""]
+
+    training = results.get("training") or {}
+    if training:
+        lines += ["## Training", "", "Final validation metrics of each stage (its `DONE` file).", ""]
+        table = [[stage, _num(done.get("best_step", "–")),
+                  ", ".join(f"{k}={_num(v)}" for k, v in done.items() if k != "best_step") or "–"]
+                 for stage, done in training.items()]
+        lines += _table(["Stage", "Best step", "Validation metrics"], table) + [""]
+
+    if plots:
+        lines += ["## Plots", ""] + [f"![{os.path.splitext(p)[0]}]({p})" for p in plots] + [""]
+    return "\n".join(lines)
+
+
+def print_results(results: Mapping[str, Any] | str) -> None:
+    """Prints the markdown report of a results dict (or of a `results.json` path)."""
+    print(render_markdown(load_results(results) if isinstance(results, str) else results))
+
+
+# ----------------------------------------------------------------------------------------------- files
+
+
+def training_summary(workdir: str) -> dict[str, dict]:
+    """`{stage: final metrics}` from `<workdir>/<stage>/DONE` of every finished stage (pipeline order first)."""
+    if not os.path.isdir(workdir):
+        return {}
+    others = sorted(d for d in os.listdir(workdir) if d not in STAGES)
+    out = {}
+    for stage in list(STAGES) + others:
+        path = os.path.join(workdir, stage, "DONE")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                try:
+                    out[stage] = json.load(f)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}: not valid JSON ({e}); delete it and rerun the stage") from e
+    return out
+
+
+def read_metrics(path: str) -> dict[str, list[dict]]:
+    """`metrics.jsonl` records grouped by stage, in file order. Lines that do not parse (a write cut short) and
+    records without "stage"/"step" are skipped."""
+    by_stage: dict[str, list[dict]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and "stage" in record and "step" in record:
+                by_stage.setdefault(str(record["stage"]), []).append(record)
+    return by_stage
+
+
+def _jsonable(value: Any) -> Any:
+    """NaN/inf to null so results.json is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def load_results(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_results(results: Mapping[str, Any], out_dir: str, workdir: str | None = None) -> dict[str, str]:
+    """Writes results.json (without trajectories), predictions.jsonl (the trajectories), noise.png, one
+    curves_<stage>.png per stage of `<workdir>/metrics.jsonl`, and results.md. Returns {name: path}."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths: dict[str, str] = {}
+    summary = {k: v for k, v in results.items() if k != "trajectories"}
+    paths["json"] = os.path.join(out_dir, "results.json")
+    with open(paths["json"], "w", encoding="utf-8") as f:
+        json.dump(_jsonable(summary), f, indent=2)
+    if results.get("trajectories"):
+        paths["predictions"] = os.path.join(out_dir, "predictions.jsonl")
+        with open(paths["predictions"], "w", encoding="utf-8") as f:
+            for record in results["trajectories"]:
+                f.write(json.dumps(_jsonable(record)) + "\n")
+    plots = []
+    if results.get("noise", {}).get("rows"):
+        paths["noise_plot"] = plot_noise(results, os.path.join(out_dir, "noise.png"))
+        plots.append(os.path.basename(paths["noise_plot"]))
+    metrics_path = os.path.join(workdir, "metrics.jsonl") if workdir else None
+    if metrics_path and os.path.isfile(metrics_path):
+        for stage, path in plot_learning_curves(metrics_path, out_dir).items():
+            paths[f"curves_{stage}"] = path
+            plots.append(os.path.basename(path))
+    paths["markdown"] = os.path.join(out_dir, "results.md")
+    with open(paths["markdown"], "w", encoding="utf-8") as f:
+        f.write(render_markdown(results, plots))
+    return paths
+
+
+# ----------------------------------------------------------------------------------------------- plots
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_noise(results: Mapping[str, Any], path: str) -> str:
+    """Primary metric (%) of the final hypotheses vs. the noise level epsilon, with 95% CI error bars; dashed
+    lines for the generator alone and the trained critic when the results have those rows."""
+    plt = _pyplot()
+    noise = results["noise"]
+    metric = noise.get("primary_metric") or results.get("primary_metric")
+    eps = [r["epsilon"] for r in noise["rows"]]
+    mean = [100 * r["mean"] for r in noise["rows"]]
+    err = [[100 * (r["mean"] - r["low"]) if r.get("low") is not None else 0 for r in noise["rows"]],
+           [100 * (r["high"] - r["mean"]) if r.get("high") is not None else 0 for r in noise["rows"]]]
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    ax.errorbar(eps, mean, yerr=err, marker="o", capsize=4, label="oracle critic + noise")
+    styles = {"generator": ("gray", "generator alone"), "critic": ("tab:green", "trained critic")}
+    for row in results.get("rows") or []:
+        if row["key"] in styles and metric in row["metrics"]:
+            color, label = styles[row["key"]]
+            ax.axhline(100 * row["metrics"][metric]["mean"], color=color, linestyle="--", label=label)
+    ax.set_xlabel("feedback noise ε (share of random feedback)")
+    ax.set_ylabel(f"{metric} (%)")
+    ax.set_title(f"{results.get('task', '')}: noisy critic, T={noise.get('turns', '?')}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _curve_keys(records: Sequence[dict]) -> tuple[list[str], list[str]]:
+    """(loss keys, validation keys) of a stage's records; per-type breakdowns ("a/b") only when nothing else."""
+    keys: list[str] = []
+    for r in records:
+        keys += [k for k, v in r.items() if k not in keys and k not in _NOT_CURVES
+                 and isinstance(v, (int, float)) and not isinstance(v, bool)]
+    loss = [k for k in keys if "loss" in k]
+    other = [k for k in keys if "loss" not in k]
+    return loss, [k for k in other if "/" not in k] or other
+
+
+def plot_learning_curves(metrics_path: str, out_dir: str) -> dict[str, str]:
+    """One PNG per stage of a `metrics.jsonl`: training loss (left) and validation metrics (right) vs. step."""
+    plt = _pyplot()
+    os.makedirs(out_dir, exist_ok=True)
+    out = {}
+    for stage, records in read_metrics(metrics_path).items():
+        loss_keys, val_keys = _curve_keys(records)
+        if not loss_keys and not val_keys:
+            continue
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharex=True)
+        for ax, keys, title in ((axes[0], loss_keys, "loss"), (axes[1], val_keys, "validation")):
+            for k in keys:
+                points = sorted((r["step"], r[k]) for r in records if isinstance(r.get(k), (int, float)))
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None,
+                        label=k)
+            ax.set_title(f"{stage}: {title}")
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+            if keys:
+                ax.legend(fontsize=8)
+            else:
+                ax.text(0.5, 0.5, "nothing logged", ha="center", va="center", transform=ax.transAxes)
+        fig.tight_layout()
+        out[stage] = os.path.join(out_dir, f"curves_{stage}.png")
+        fig.savefig(out[stage], dpi=110)
+        plt.close(fig)
+    return out

@@ -1,0 +1,321 @@
+"""Batch sampling from autoregressive decoders inside one jitted `lax.while_loop` (no host sync per token).
+
+`sample` is model-agnostic: it drives a `tokens_to_logits(tokens, index, cache) -> (logits, cache)` step callback
+and serves the T5 decoder (`sample_t5`), a decoder-only LM (its prompt is teacher-forced through the same loop) or
+any other model. Decoding modes: greedy (temperature 0), temperature, top-k, top-p (nucleus), and top-k with top-p;
+min/max new tokens; every sequence stops at EOS and the loop exits once all have.
+
+Temperature, top-k, top-p and min_new_tokens are traced values: changing them never recompiles. Top-k and the
+nucleus are found inside `lax.top_k(logits, max_top_k)` (a static bound, default 64), never by sorting the
+vocabulary:
+  * top_k is clamped to max_top_k (`sample_t5` raises instead when top_k is a Python int above the bound);
+  * top-p is exact either way: when the nucleus fits in the max_top_k most likely tokens it is sampled there;
+    otherwise that row falls back to rejection sampling over the whole vocabulary (`_sample_nucleus_full`),
+    which costs a few passes over the vocabulary per step instead of a sort.
+Ties at the nucleus boundary are all kept.
+
+Returned log-probs are the model's own (log_softmax of the raw logits), not those of the temperature / top-k /
+top-p / min-length modified distribution: they are what reranking, scoring and RL need.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Cache = Any
+# (tokens [n] int32, index scalar int32, cache) -> (logits [n, vocab], cache)
+TokensToLogits = Callable[[jax.Array, jax.Array, Cache], tuple[jax.Array, Cache]]
+
+_BLOCK = 128  # vocabulary block size of the two-level inverse-CDF draw in the full-vocabulary nucleus fallback
+_CANDIDATES = 8  # candidates per row and round of the rejection fallback
+_MAX_ROUNDS = 256  # rejection rounds before a row keeps its bounded (max_top_k) draw; acceptance is >= top_p
+
+
+@flax.struct.dataclass
+class SampleOutput:
+    """Sampled continuations. Leading dims are `[n]` for `sample`, `[batch, k]` for `sample_t5`."""
+
+    tokens: jax.Array  # [..., max_new_tokens] int32; pad after the end (EOS included when emitted)
+    lengths: jax.Array  # [...] int32 generated tokens, EOS included
+    token_log_probs: jax.Array  # [..., max_new_tokens] float32 model log-probs; 0 after the end
+    log_prob: jax.Array  # [...] float32 sum of token_log_probs
+
+
+@flax.struct.dataclass
+class _LoopState:
+    step: jax.Array  # scalar int32: position of `token` in the decoder input stream
+    token: jax.Array  # [n] int32 decoder input at `step`
+    tokens: jax.Array  # [n, max_new] int32
+    log_probs: jax.Array  # [n, max_new] float32
+    num_new: jax.Array  # [n] int32 tokens generated so far
+    done: jax.Array  # [n] bool
+    cache: Cache
+
+
+def sample(tokens_to_logits: TokensToLogits, cache: Cache, prompt: jax.Array, rng: jax.Array, *,
+           max_new_tokens: int, prompt_lengths: jax.Array | None = None, temperature=1.0, top_k=0, top_p=1.0,
+           min_new_tokens=0, eos_id: int = 1, pad_id: int = 0, max_top_k: int = 64) -> SampleOutput:
+    """Sample up to `max_new_tokens` tokens after each prompt row; a pure, jittable function.
+
+    Args:
+      tokens_to_logits: one decoder step. Called with the current input tokens `[n]` int32, their position `index`
+        (scalar int32, 0 for `prompt[:, 0]`) and the cache; returns next-token logits `[n, vocab]` and the cache.
+      cache: initial cache; it must hold `prompt.shape[1] + max_new_tokens - 1` positions.
+      prompt: `[n, P]` int32 decoder inputs fed before sampling starts: `[start_token]` for T5, the prompt for an
+        LM (right-padded when `prompt_lengths` is given). Position 0 is fed first.
+      rng: PRNG key; the same key gives the same samples.
+      max_new_tokens: static length of the output.
+      prompt_lengths: `[n]` int32 (each >= 1) valid prompt tokens per row; None means all P.
+      temperature: 0 means greedy (argmax); otherwise logits are divided by it before top-k / top-p.
+      top_k: 0 disables; else keep the k most likely tokens (clamped to max_top_k).
+      top_p: 1 disables; else keep the smallest most-likely set whose probability reaches top_p (the top token is
+        always kept). With top_k > 0 the nucleus is taken within the renormalised top-k set.
+      min_new_tokens: EOS cannot be among the first `min_new_tokens` generated tokens.
+      eos_id, pad_id: end and padding token ids.
+      max_top_k: static bound of the top-k / nucleus search (see the module docstring).
+
+    Returns:
+      SampleOutput with `[n, ...]` leaves.
+
+    Worked example (greedy; a model whose next token is always `input + 1`; eos_id=5, max_new_tokens=4):
+      prompt [[2]]          -> tokens [[3, 4, 5, 0]], lengths [3]    (EOS emitted, then padding)
+      prompt [[7]]          -> tokens [[8, 9, 10, 11]], lengths [4]  (max_new_tokens reached)
+      prompt [[7, 3]], prompt_lengths [2]
+                            -> inputs fed: 7, 3 (forced, not 8), 4;  tokens [[4, 5, 0, 0]], lengths [2]
+      prompt [[2]], min_new_tokens=3 on a model that prefers EOS, then 7
+                            -> tokens [[7, 7, 7, 5]], lengths [4]
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if max_top_k < 1:
+        raise ValueError(f"max_top_k must be >= 1, got {max_top_k}")
+    _check_top_k(top_k, max_top_k)
+    prompt = jnp.asarray(prompt, jnp.int32)
+    if prompt.ndim != 2 or prompt.shape[1] < 1:
+        raise ValueError(f"prompt must be [n, P] with P >= 1 (start token for T5), got shape {prompt.shape}")
+    n, prompt_len = prompt.shape
+    knobs = dict(temperature=jnp.asarray(temperature, jnp.float32), top_k=jnp.asarray(top_k, jnp.int32),
+                 top_p=jnp.asarray(top_p, jnp.float32), eos_id=eos_id, max_top_k=max_top_k)
+    min_new_tokens = jnp.asarray(min_new_tokens, jnp.int32)
+    lengths = None if prompt_lengths is None else jnp.asarray(prompt_lengths, jnp.int32)  # [n]
+    rows = jnp.arange(n)
+
+    def body(state: _LoopState) -> _LoopState:
+        logits, cache = tokens_to_logits(state.token, state.step, state.cache)
+        logits = logits.astype(jnp.float32)  # [n, vocab]
+        key = jax.random.fold_in(rng, state.step)
+        token, log_prob = _next_token(logits, key, state.num_new >= min_new_tokens, **knobs)
+        emit = ~state.done
+        if prompt_len > 1:
+            forced_token = jax.lax.dynamic_index_in_dim(prompt, jnp.minimum(state.step + 1, prompt_len - 1),
+                                                        axis=1, keepdims=False)  # [n]
+            forced = state.step + 1 < (prompt_len if lengths is None else lengths)
+            token = jnp.where(forced, forced_token, token)
+            emit &= ~forced
+        out_token = jnp.where(emit, token, pad_id)
+        out_log_prob = jnp.where(emit, log_prob, 0.0)
+        if lengths is None:  # every row writes the same column: a cheap dynamic update
+            column = jnp.maximum(state.step + 1 - prompt_len, 0)
+            tokens = jax.lax.dynamic_update_slice(state.tokens, out_token[:, None], (0, column))
+            log_probs = jax.lax.dynamic_update_slice(state.log_probs, out_log_prob[:, None], (0, column))
+        else:
+            column = jnp.where(emit, state.num_new, max_new_tokens)  # out of range -> dropped
+            tokens = state.tokens.at[rows, column].set(out_token, mode="drop")
+            log_probs = state.log_probs.at[rows, column].set(out_log_prob, mode="drop")
+        num_new = state.num_new + emit
+        done = state.done | (emit & (token == eos_id)) | (num_new >= max_new_tokens)
+        return _LoopState(step=state.step + 1, token=token, tokens=tokens, log_probs=log_probs, num_new=num_new,
+                          done=done, cache=cache)
+
+    def cond(state: _LoopState) -> jax.Array:
+        return ~jnp.all(state.done)
+
+    init = _LoopState(step=jnp.zeros((), jnp.int32), token=prompt[:, 0],
+                      tokens=jnp.full((n, max_new_tokens), pad_id, jnp.int32),
+                      log_probs=jnp.zeros((n, max_new_tokens), jnp.float32),
+                      num_new=jnp.zeros((n,), jnp.int32), done=jnp.zeros((n,), bool), cache=cache)
+    final = jax.lax.while_loop(cond, body, init)
+    return SampleOutput(tokens=final.tokens, lengths=final.num_new, token_log_probs=final.log_probs,
+                        log_prob=final.log_probs.sum(-1))
+
+
+def _check_top_k(top_k, max_top_k: int) -> None:
+    if isinstance(top_k, (int, np.integer)) and top_k > max_top_k:
+        raise ValueError(f"top_k={top_k} exceeds max_top_k={max_top_k}; pass max_top_k >= {top_k}")
+
+
+def _next_token(logits, key, allow_eos, *, temperature, top_k, top_p, eos_id, max_top_k):
+    """Next token `[n]` and its model log-prob `[n]` from raw logits `[n, vocab]`."""
+    vocab = logits.shape[-1]
+    is_eos = jnp.arange(vocab) == eos_id
+    masked = jnp.where(is_eos & ~allow_eos[:, None], -jnp.inf, logits)  # [n, vocab]
+    token = jax.lax.cond(
+        temperature > 0,
+        lambda: _sample_token(masked / temperature, key, top_k, top_p, max_top_k),
+        lambda: jnp.argmax(masked, axis=-1).astype(jnp.int32))
+    chosen = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
+    return token, chosen - jax.nn.logsumexp(logits, axis=-1)
+
+
+def _sample_token(scaled, key, top_k, top_p, max_top_k):
+    """Draw from softmax(scaled) `[n, vocab]` restricted to top-k, then to the top-p nucleus."""
+    n, vocab = scaled.shape
+    bound = min(max_top_k, vocab)
+    key_bounded, key_full = jax.random.split(key)
+    values, indices = jax.lax.top_k(scaled, bound)  # [n, bound] descending
+    rank = jnp.arange(bound)
+    use_k = top_k > 0
+    in_k = ~use_k | (rank < top_k)  # [bound]
+    lse_full = jax.nn.logsumexp(scaled, axis=-1) if bound < vocab else jax.nn.logsumexp(values, axis=-1)
+    lse_k = jax.nn.logsumexp(jnp.where(in_k, values, -jnp.inf), axis=-1)
+    lse = jnp.where(use_k, lse_k, lse_full)  # [n] normaliser of the distribution the nucleus is taken from
+    probs = jnp.where(in_k, jnp.exp(values - lse[:, None]), 0.0)  # [n, bound]
+    before = jnp.cumsum(probs, axis=-1) - probs  # probability of the more likely tokens
+    keep = in_k & ((before < top_p) | (top_p >= 1) | (rank == 0))
+    pick = jax.random.categorical(key_bounded, jnp.where(keep, values, -jnp.inf))  # [n]
+    token = jnp.take_along_axis(indices, pick[:, None], axis=-1)[:, 0].astype(jnp.int32)
+    if bound == vocab:
+        return token
+    # The bounded draw is exact when top-k is active or the nucleus lies inside the bound.
+    fits = use_k | ((top_p < 1) & (probs.sum(-1) >= top_p))  # [n]
+    return jax.lax.cond(
+        jnp.all(fits), lambda: token,
+        lambda: jnp.where(fits, token, _sample_nucleus_full(scaled, lse_full, top_p, key_full, fallback=token)))
+
+
+def _sample_nucleus_full(scaled, lse, top_p, key, fallback):
+    """Exact draw from the top-p nucleus of softmax(scaled) over the whole vocabulary, without sorting.
+
+    Rejection sampling: candidates are drawn from the full distribution and candidate x is accepted iff the
+    probability of the tokens strictly more likely than x is below top_p, which is exactly nucleus membership; the
+    first accepted candidate is distributed as the renormalised nucleus. Each round draws `_CANDIDATES` per row
+    (acceptance probability >= top_p each) and costs one fused pass over the vocabulary per candidate. Draws use a
+    two-level inverse CDF (block sums, then a scan inside the chosen block) instead of one Gumbel per token.
+    With top_p >= 1 every candidate is accepted (plain temperature sampling).
+    """
+    n, vocab = scaled.shape
+    probs = jnp.exp(scaled - lse[:, None])  # [n, vocab]
+    num_blocks = -(-vocab // _BLOCK)
+    blocks = jnp.pad(probs, ((0, 0), (0, num_blocks * _BLOCK - vocab))).reshape(n, num_blocks, _BLOCK)
+    block_mass = blocks.sum(-1)  # [n, blocks]
+    block_cum = jnp.cumsum(block_mass, axis=-1)
+    last_block = num_blocks - 1 - jnp.argmax((block_mass > 0)[:, ::-1], axis=-1)  # [n] last block with mass
+
+    def draw(round_key):  # -> [n, C] candidate token ids
+        u = jax.random.uniform(round_key, (n, _CANDIDATES)) * block_cum[:, -1:]  # [n, C]
+        block = jnp.minimum(jnp.sum(block_cum[:, None, :] <= u[..., None], axis=-1), last_block[:, None])
+        start = jnp.where(block > 0, jnp.take_along_axis(block_cum, jnp.maximum(block - 1, 0), axis=-1), 0.0)
+        inside = jnp.take_along_axis(blocks, block[..., None], axis=1)  # [n, C, block]
+        inside_cum = jnp.cumsum(inside, axis=-1)
+        last = _BLOCK - 1 - jnp.argmax((inside > 0)[..., ::-1], axis=-1)  # [n, C] last token with mass
+        offset = jnp.minimum(jnp.sum(inside_cum <= (u - start)[..., None], axis=-1), last)
+        return block * _BLOCK + offset
+
+    def accept(candidates):  # [n, C] bool
+        value = jnp.take_along_axis(scaled, candidates, axis=-1)  # [n, C]
+        above = jnp.sum(jnp.where(scaled[:, None, :] > value[..., None], probs[:, None, :], 0.0), axis=-1)
+        return above < top_p
+
+    def body(state):
+        round_, token, done = state
+        candidates = draw(jax.random.fold_in(key, round_))
+        ok = jax.lax.cond(top_p < 1, accept, lambda c: jnp.ones(c.shape, bool), candidates)  # [n, C]
+        first = jnp.argmax(ok, axis=-1)
+        found = ok.any(-1) & ~done
+        token = jnp.where(found, jnp.take_along_axis(candidates, first[:, None], axis=-1)[:, 0], token)
+        return round_ + 1, token, done | found
+
+    def cond(state):
+        round_, _, done = state
+        return (round_ < _MAX_ROUNDS) & ~jnp.all(done)
+
+    _, token, _ = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), fallback, jnp.zeros((n,), bool)))
+    return token.astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# T5
+
+
+def _sample_t5(params, encoder_tokens, rng, temperature, top_k, top_p, min_new_tokens, *, config, num_samples,
+               max_new_tokens, max_top_k, eos_id):
+    from refiner_jax.models.t5 import DECODER_START_ID, PAD_ID, T5
+
+    model = T5(config)
+    variables = {"params": params}
+    batch = encoder_tokens.shape[0]
+    n = batch * num_samples
+    encoded = model.apply(variables, encoder_tokens, method=T5.encode)  # [batch, enc_len, d_model]
+    cross_kv = model.apply(variables, encoded, method=T5.cross_kv)  # per layer (k, v) [batch, enc_len, heads, d_kv]
+
+    def expand(x):  # [batch, ...] -> [batch * k, ...], each prompt's copies adjacent
+        return jnp.repeat(x, num_samples, axis=0)
+
+    cross_kv = jax.tree.map(expand, cross_kv)
+    encoder_mask = expand(encoder_tokens != PAD_ID)  # [n, enc_len]
+
+    def tokens_to_logits(tokens, index, cache):
+        return model.apply(variables, tokens, index, cache, cross_kv, encoder_mask, method=T5.decode_step)
+
+    out = sample(tokens_to_logits, T5.init_cache(config, n, max_new_tokens),
+                 jnp.full((n, 1), DECODER_START_ID, jnp.int32), rng, max_new_tokens=max_new_tokens,
+                 temperature=temperature, top_k=top_k, top_p=top_p, min_new_tokens=min_new_tokens, eos_id=eos_id,
+                 pad_id=PAD_ID, max_top_k=max_top_k)
+    return jax.tree.map(lambda x: x.reshape(batch, num_samples, *x.shape[1:]), out)
+
+
+_sample_t5_jit = jax.jit(_sample_t5, static_argnames=("config", "num_samples", "max_new_tokens", "max_top_k",
+                                                      "eos_id"))
+
+
+def sample_t5(params, encoder_tokens, rng, *, config, max_new_tokens: int, num_samples: int = 1, temperature=1.0,
+              top_k=0, top_p=1.0, min_new_tokens=0, max_top_k: int = 64, eos_id: int = 1) -> SampleOutput:
+    """`num_samples` continuations per prompt from a T5 (jitted; returns `[batch, num_samples, ...]` leaves).
+
+    Each prompt is encoded once and its cross-attention keys/values computed once, then shared by its samples;
+    the self-attention cache is preallocated for `max_new_tokens`. Compiles once per (config, batch, prompt length,
+    num_samples, max_new_tokens, max_top_k): temperature, top_k, top_p and min_new_tokens are traced (see `sample`
+    for their meaning). Pad prompt lengths to a few buckets (`pad_to_bucket`) to keep compilations bounded.
+
+    Args:
+      params: the T5's unboxed parameters (passed to the compiled function as arguments, not baked in).
+      encoder_tokens: `[batch, enc_len]` int32 prompts, pad (0) on the right.
+      rng: PRNG key.
+    """
+    _check_top_k(top_k, max_top_k)
+    return _sample_t5_jit(params, jnp.asarray(encoder_tokens, jnp.int32), rng,
+                          jnp.asarray(temperature, jnp.float32), jnp.asarray(top_k, jnp.int32),
+                          jnp.asarray(top_p, jnp.float32), jnp.asarray(min_new_tokens, jnp.int32), config=config,
+                          num_samples=num_samples, max_new_tokens=max_new_tokens, max_top_k=max_top_k, eos_id=eos_id)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Length buckets
+
+
+def bucket_size(size: int, buckets: Sequence[int] | None = None, minimum: int = 8) -> int:
+    """The smallest of `buckets` that is >= size; with no buckets, the next power of two (at least `minimum`)."""
+    if buckets is None:
+        return max(minimum, 1 << max(0, int(size) - 1).bit_length())
+    fitting = [b for b in sorted(buckets) if b >= size]
+    if not fitting:
+        raise ValueError(f"size {size} exceeds the largest bucket {max(buckets)}; add a larger bucket")
+    return fitting[0]
+
+
+def pad_to_bucket(tokens, buckets: Sequence[int] | None = None, axis: int = -1, pad_id: int = 0,
+                  minimum: int = 8) -> np.ndarray:
+    """Pad `tokens` with `pad_id` along `axis` up to `bucket_size`, so a stream of varying lengths reuses a few
+    compiled programs. Padding the prompt axis leaves T5 outputs unchanged (pad keys are masked); padding the batch
+    axis adds all-pad rows whose outputs should be dropped."""
+    tokens = np.asarray(tokens)
+    axis = axis % tokens.ndim
+    target = bucket_size(tokens.shape[axis], buckets, minimum)
+    widths = [(0, 0)] * tokens.ndim
+    widths[axis] = (0, target - tokens.shape[axis])
+    return np.pad(tokens, widths, constant_values=pad_id)

@@ -1,0 +1,143 @@
+"""The one config tree of a REFINER run, its defaults and its validation.
+
+`configs/*.py` start from `base_config()` and change what their experiment needs; `validate` checks the whole
+tree before anything is built or compiled and names the field and the fix when something is wrong.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from refiner_jax.models.t5 import PRESETS
+from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE
+from refiner_jax.training.optim import make_schedule
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the field and what to set instead."""
+
+
+def _optimizer(learning_rate: float) -> dict:
+    """AdamW with linear warm-up and decay (`total_steps` is filled in from the stage's `steps`); see
+    `training.optim` for every field."""
+    return {"name": "adamw", "learning_rate": learning_rate, "schedule": "warmup_linear", "warmup_steps": 50,
+            "weight_decay": 0.0, "b1": 0.9, "b2": 0.999, "eps": 1e-8, "grad_clip_norm": 1.0}
+
+
+def base_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+
+    c.task = ml_collections.ConfigDict({"name": "mwp", "data_dir": "", "options": {}})
+    # subword: trained on the run's own training texts (saved in the workdir); byte: no files; hf: `path` names a
+    # transformers tokenizer directory (or hub name when online).
+    c.tokenizer = ml_collections.ConfigDict({"kind": "subword", "vocab_size": 1024, "path": ""})
+    # `preset` names the architecture; `checkpoint` (a transformers T5 directory or hub name) imports weights.
+    c.model = ml_collections.ConfigDict({"preset": "t5-tiny", "checkpoint": "", "dropout_rate": 0.1,
+                                         "dtype": "float32", "param_dtype": "float32", "remat": False})
+    # Token lengths (inputs are truncated, batches padded to buckets of `bucket` tokens).
+    c.lengths = ml_collections.ConfigDict({"input": 96, "target": 48, "refine_input": 160, "critic_input": 128,
+                                           "feedback": 32, "bucket": 16})
+    c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
+
+    # Stage 1: the critic, (x + hypothesis) -> feedback, on gold and perturbed hypotheses.
+    c.critic = ml_collections.ConfigDict({
+        "steps": 1200, "batch_size": 64, "microbatches": 1, "optimizer": _optimizer(2e-3), "eval_every": 400,
+        "eval_examples": 600})
+    # Stage 2: generator warm-up, x -> z on a fraction of train (the paper: 10%; 1.0 = all of it).
+    c.warmup = ml_collections.ConfigDict({
+        "fraction": 1.0, "steps": 1200, "batch_size": 64, "microbatches": 1, "optimizer": _optimizer(2e-3), "eval_every": 400,
+        "eval_examples": 300})
+    # Stage 3: the REFINER loop (generator initialised from the warm-up).
+    c.refiner = ml_collections.ConfigDict({
+        "turns": 3, "samples": 3, "top_p": 0.5, "temperature": 1.0, "selection": "random",
+        "template": DEFAULT_REFINE_TEMPLATE, "feedback_noise": 0.0, "steps": 400, "batch_size": 32,
+        "microbatches": 1, "optimizer": _optimizer(1e-3), "eval_every": 200, "eval_examples": 300})
+    # Stage 4: evaluation of generator alone / + critic / + oracle, and the noisy-critic study.
+    c.eval = ml_collections.ConfigDict({
+        "examples": 1000, "turns": 3, "batch_size": 128, "noise_levels": (0.0, 0.25, 0.5, 0.75, 1.0),
+        "bootstrap_samples": 1000})
+    c.checkpoint = ml_collections.ConfigDict({"every": 200, "keep": 2})
+    c.log_every = 50
+    return c
+
+
+def use_paper_settings(c: ml_collections.ConfigDict, preset: str) -> None:
+    """The published setup: a UnifiedQA/T5 checkpoint for generator and critic, Adam 1e-4, linear decay, no warm-up,
+    grad clip 1.0, batch 32 as 4 accumulated microbatches of 8, T=3 turns, k=3 nucleus samples p=0.5, 10% warm-up data."""
+    c.model.preset = preset
+    c.model.checkpoint = preset
+    c.tokenizer.kind = "hf"
+    c.tokenizer.path = preset
+    c.lengths.input = 256
+    c.lengths.refine_input = 384
+    c.lengths.critic_input = 320
+    c.lengths.target = 64
+    c.lengths.feedback = 64
+    c.lengths.bucket = 64
+    for stage in (c.critic, c.warmup, c.refiner):
+        stage.optimizer = _optimizer(1e-4)
+        stage.optimizer.schedule = "linear"
+        stage.optimizer.warmup_steps = 0
+        stage.batch_size = 32
+        stage.microbatches = 4
+    c.critic.steps = c.warmup.steps = c.refiner.steps = 20000
+    c.warmup.fraction = 0.1
+    c.model.dtype = "bfloat16"
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+    """Raises `ConfigError` naming the first bad field; call before building models or compiling anything."""
+
+    def need(ok: bool, field: str, message: str) -> None:
+        if not ok:
+            raise ConfigError(f"config.{field}: {message}")
+
+    from refiner_jax.tasks import _REGISTRY  # the task names
+
+    need(c.task.name in _REGISTRY, "task.name", f"unknown task {c.task.name!r}; use one of {sorted(_REGISTRY)}")
+    need(c.tokenizer.kind in ("subword", "byte", "hf"), "tokenizer.kind",
+         f"{c.tokenizer.kind!r} is not a tokenizer kind; use subword, byte or hf")
+    need(c.tokenizer.kind != "hf" or bool(c.tokenizer.path), "tokenizer.path",
+         "an hf tokenizer needs a directory or hub name in tokenizer.path")
+    need(c.tokenizer.kind != "subword" or c.tokenizer.vocab_size >= 300, "tokenizer.vocab_size",
+         f"{c.tokenizer.vocab_size} is too small for a subword vocabulary (bytes alone need 259); use >= 300")
+    need(c.model.preset in PRESETS, "model.preset", f"unknown preset {c.model.preset!r}; use one of {sorted(PRESETS)}")
+    need(0.0 <= c.model.dropout_rate < 1.0, "model.dropout_rate", "must be in [0, 1)")
+    for name in ("input", "target", "refine_input", "critic_input", "feedback", "bucket"):
+        need(int(c.lengths[name]) > 0, f"lengths.{name}", "must be a positive number of tokens")
+    for name in ("input", "target", "refine_input", "critic_input", "feedback"):
+        need(int(c.lengths[name]) % int(c.lengths.bucket) == 0, f"lengths.{name}",
+             f"{c.lengths[name]} is not a multiple of lengths.bucket={c.lengths.bucket}; round it so batches "
+             "compile to a few shapes")
+    for stage_name in ("critic", "warmup", "refiner"):
+        stage = c[stage_name]
+        need(stage.steps >= 0, f"{stage_name}.steps", "must be >= 0")
+        need(stage.batch_size > 0, f"{stage_name}.batch_size", "must be positive")
+        need(stage.eval_every > 0, f"{stage_name}.eval_every", "must be positive")
+        opt = stage.optimizer
+        need(opt.name in ("adamw", "adafactor"), f"{stage_name}.optimizer.name",
+             f"{opt.name!r} is not supported; use adamw or adafactor")
+        need(opt.learning_rate > 0, f"{stage_name}.optimizer.learning_rate", "must be positive")
+        need(stage.microbatches >= 1 and stage.batch_size % stage.microbatches == 0, f"{stage_name}.microbatches",
+             f"batch_size {stage.batch_size} must split into microbatches={stage.microbatches} equal parts")
+        try:
+            make_schedule(dict(opt, total_steps=max(1, stage.steps)))
+        except ValueError as e:
+            raise ConfigError(f"config.{stage_name}.optimizer: {e}") from e
+    need(0.0 < c.warmup.fraction <= 1.0, "warmup.fraction", "must be in (0, 1]")
+    r = c.refiner
+    need(r.turns >= 1, "refiner.turns", "must be >= 1")
+    need(r.samples >= 1, "refiner.samples", "must be >= 1")
+    need(0.0 < r.top_p <= 1.0, "refiner.top_p", "must be in (0, 1]")
+    need(r.temperature >= 0.0, "refiner.temperature", "must be >= 0")
+    need(r.selection in ("random", "last", "worst"), "refiner.selection",
+         f"{r.selection!r}: use random (the paper), last (the released code) or worst (most errors)")
+    need(0.0 <= r.feedback_noise <= 1.0, "refiner.feedback_noise", "must be a probability in [0, 1]")
+    for key in ("{x}", "{z}", "{f}"):
+        need(key in r.template, "refiner.template", f"must contain {key} (got {r.template!r})")
+    need(c.eval.turns >= 1, "eval.turns", "must be >= 1")
+    need(all(0.0 <= e <= 1.0 for e in c.eval.noise_levels), "eval.noise_levels", "must be probabilities")
+    for axis in ("data", "fsdp", "tensor"):
+        need(int(c.mesh[axis]) == -1 or int(c.mesh[axis]) >= 1, f"mesh.{axis}", "must be a positive size or -1")
+    need(sum(int(c.mesh[a]) == -1 for a in ("data", "fsdp", "tensor")) <= 1, "mesh",
+         "at most one axis may be -1 (fill in)")

@@ -1,0 +1,163 @@
+"""One resumable seq2seq training stage: text pairs in, a trained (and exported) T5 out.
+
+Every stage of a REFINER run (critic, generator warm-up, REFINER loop) is this loop with a different
+`make_pairs(params, indices, step)` that turns a batch of example indices into (input text, target text) pairs —
+the REFINER loop samples from the current parameters there. Everything random is a function of (seed, step), the
+data order is checkpointed with the state, so a run killed at any point and restarted ends with the same
+parameters as one that never stopped.
+
+Layout under `<workdir>/<stage>/`: `ckpt/` (full state, keep-last-N plus best-by-validation), `export/` (params
+only, the best checkpoint's, for inference), `DONE` (the final metrics, JSON).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+
+from refiner_jax import checkpoint as ckpt_lib
+from refiner_jax import sharding as shd
+from refiner_jax.models.t5 import T5, T5Config
+from refiner_jax.tokenizers import Tokenizer
+from refiner_jax.training.data_order import EpochOrder
+from refiner_jax.training.optim import make_optimizer
+from refiner_jax.training.state import abstract_train_state, create_train_state
+from refiner_jax.training.steps import make_train_step, seq2seq_loss
+
+Pairs = Sequence[tuple[str, str]]
+MakePairs = Callable[[Any, np.ndarray, int], Pairs]  # (params, example indices, step) -> text pairs
+
+
+@dataclasses.dataclass
+class StageSpec:
+    """What a stage trains and how; `stage` is the ConfigDict of that stage (steps, batch_size, optimizer, ...)."""
+
+    name: str
+    stage: Any
+    num_examples: int
+    make_pairs: MakePairs
+    evaluate: Callable[[Any], dict[str, float]]  # params -> validation metrics
+    best_metric: str  # a key of `evaluate`'s result; higher is better
+    input_len: int
+    target_len: int
+
+
+class MetricsLog:
+    """Appends metrics to `<workdir>/metrics.jsonl` and TensorBoard (`<workdir>/tb`)."""
+
+    def __init__(self, workdir: str):
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        self._writer = None
+        if jax.process_index() == 0:
+            from tensorboardX import SummaryWriter
+
+            self._writer = SummaryWriter(os.path.join(workdir, "tb"))
+
+    def write(self, stage: str, step: int, metrics: dict[str, float]) -> None:
+        if jax.process_index() != 0:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"stage": stage, "step": step, **metrics}) + "\n")
+        for k, v in metrics.items():
+            self._writer.add_scalar(f"{stage}/{k}", v, step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def encode_pairs(tokenizer: Tokenizer, pairs: Pairs, input_len: int, target_len: int, bucket: int) -> dict:
+    """Token arrays `{'inputs': [b, li], 'targets': [b, lt]}`, lengths padded up to multiples of `bucket`."""
+    inputs = tokenizer.encode_batch([p[0] for p in pairs], input_len, pad_to=bucket)
+    targets = tokenizer.encode_batch([p[1] for p in pairs], target_len, pad_to=bucket)
+    return {"inputs": inputs, "targets": targets}
+
+
+def stage_done(workdir: str, name: str) -> dict | None:
+    """The final metrics of a finished stage, or None if it has not finished."""
+    path = os.path.join(workdir, name, "DONE")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config, tokenizer: Tokenizer, mesh,
+                seed: int, bucket: int, checkpoint_every: int, keep: int, log: MetricsLog,
+                init_params: Any = None, log_every: int = 50) -> dict[str, float]:
+    """Trains (or resumes) the stage to `spec.stage.steps` updates, exports the best parameters, marks it done."""
+    stage = spec.stage
+    model = T5(model_config)
+    opt_config = dict(stage.optimizer)
+    opt_config["total_steps"] = max(1, stage.steps)
+    tx, schedule = make_optimizer(opt_config)
+    dummy = jnp.ones((1, bucket), jnp.int32)
+
+    def init_fn(key):
+        return model.init(key, dummy, dummy)["params"]
+
+    state, shardings = create_train_state(init_fn, tx, mesh, seed=seed)
+    if init_params is not None:
+        state = state.replace(params=jax.device_put(init_params, shardings.params))
+    train_step = make_train_step(seq2seq_loss(model.apply), tx, mesh, shardings,
+                                 num_microbatches=stage.microbatches, schedule=schedule)
+    order = EpochOrder(spec.num_examples, stage.batch_size, seed=seed)
+    stage_dir = os.path.join(workdir, spec.name)
+    checkpointer = ckpt_lib.Checkpointer(os.path.join(stage_dir, "ckpt"), save_interval_steps=checkpoint_every,
+                                         keep_last=keep, best_metric=spec.best_metric, best_mode="max")
+    if checkpointer.latest_step() is not None:
+        target, _ = abstract_train_state(init_fn, tx, mesh)
+        state, extra = checkpointer.restore(target)
+        order.load_state_dict(extra["data"])
+        print(f"[{spec.name}] resumed from step {int(state.step)}")
+    step = int(state.step)
+    progress = tqdm.tqdm(total=stage.steps, initial=step, desc=spec.name, dynamic_ncols=True,
+                         disable=jax.process_index() != 0)
+    window_start, window_examples, window_tokens = time.time(), 0, 0
+    last_eval: dict[str, float] = {}
+    while step < stage.steps:
+        indices = order.next_indices()
+        pairs = spec.make_pairs(state.params, indices, step)
+        batch = encode_pairs(tokenizer, pairs, spec.input_len, spec.target_len, bucket)
+        window_examples += len(pairs)
+        window_tokens += int((batch["inputs"] > 0).sum() + (batch["targets"] > 0).sum())
+        state, metrics = train_step(state, shd.make_global_batch(batch, mesh))
+        step += 1
+        progress.update(1)
+        if step % log_every == 0 or step == stage.steps:
+            elapsed = max(time.time() - window_start, 1e-9)
+            host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            host.update(examples_per_s=window_examples / elapsed, tokens_per_s=window_tokens / elapsed)
+            progress.set_postfix(loss=f"{host['loss']:.3f}", ex_s=f"{host['examples_per_s']:.0f}")
+            log.write(spec.name, step, host)
+            window_start, window_examples, window_tokens = time.time(), 0, 0
+        eval_now = step % stage.eval_every == 0 or step == stage.steps
+        if eval_now:
+            last_eval = {k: float(v) for k, v in spec.evaluate(state.params).items()}
+            log.write(spec.name, step, last_eval)
+            progress.write(f"[{spec.name}] step {step}: " + ", ".join(f"{k}={v:.4f}" for k, v in last_eval.items()))
+        if eval_now or checkpointer.should_save(step):
+            checkpointer.save(step, state, extra={"data": order.state_dict()},
+                              metrics=last_eval if eval_now else None, force=eval_now)
+    progress.close()
+    checkpointer.wait_until_finished()
+    best = checkpointer.best_step() or step
+    params = state.params
+    if best != step:
+        target, _ = abstract_train_state(init_fn, tx, mesh)
+        params = checkpointer.restore_params(target.params, best)
+    final = {"best_step": best, **(checkpointer.metrics(best) or last_eval)}
+    checkpointer.close()
+    ckpt_lib.export_params(os.path.join(stage_dir, "export"), params,
+                           {"model_config": dataclasses.asdict(model_config), "step": best})
+    with open(os.path.join(stage_dir, "DONE"), "w", encoding="utf-8") as f:
+        json.dump(final, f, indent=2)
+    return final

@@ -1,0 +1,176 @@
+"""A whole REFINER run: tokenizer, critic, generator warm-up, REFINER loop, evaluation — in order, resumable.
+
+`run(config, workdir)` validates the config, then runs each stage that has not finished (a finished stage leaves
+`<workdir>/<stage>/DONE`; an interrupted one resumes from its last checkpoint). The workdir keeps `config.json`
+(the run refuses a config that changes what was already trained), the tokenizer, per-stage checkpoints and
+exports, `metrics.jsonl`, TensorBoard logs and the results.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from typing import Any
+
+import ml_collections
+
+from refiner_jax import sharding as shd
+from refiner_jax.models import hf
+from refiner_jax.models.t5 import T5Config, preset
+from refiner_jax.refine import TextModel
+from refiner_jax.tasks import get_task
+from refiner_jax.tasks.base import NO_HINT, Example, Task, refine_input
+from refiner_jax.tokenizers import (ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer, padded_vocab_size,
+                                    train_subword_tokenizer)
+from refiner_jax.training import config as config_lib
+from refiner_jax.training import refiner as refiner_lib
+from refiner_jax.training.loop import MetricsLog, StageSpec, stage_done, train_stage
+
+STAGES = ("critic", "warmup", "refiner", "eval")
+# Config sections whose change would make already-trained stages meaningless.
+_FROZEN_SECTIONS = ("task", "tokenizer", "model")
+
+
+def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+    path = os.path.join(workdir, "config.json")
+    new = json.loads(config.to_json())
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            old = json.load(f)
+        for section in _FROZEN_SECTIONS:
+            if old.get(section) != new.get(section):
+                raise config_lib.ConfigError(
+                    f"{workdir} was trained with a different config.{section} ({old.get(section)} vs "
+                    f"{new.get(section)}); use a fresh --workdir, or delete the stages to retrain")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(new, f, indent=2)
+
+
+def load_splits(task: Task, config) -> dict[str, list[Example]]:
+    data_dir = config.task.data_dir or None
+    return {split: task.load(split, data_dir) for split in ("train", "val", "test")}
+
+
+def build_tokenizer(config, task: Task, train: list[Example], workdir: str) -> Tokenizer:
+    """The run's tokenizer: reloaded from the workdir if saved, else trained/loaded and saved there."""
+    directory = os.path.join(workdir, "tokenizer")
+    if os.path.isdir(directory):
+        return load_tokenizer(directory)
+    kind = config.tokenizer.kind
+    if kind == "byte":
+        tokenizer: Tokenizer = ByteTokenizer()
+    elif kind == "hf":
+        tokenizer = HFTokenizer.from_pretrained(config.tokenizer.path)
+    else:
+        texts = []
+        rng = random.Random(config.seed)
+        for ex in train:
+            hypothesis, feedback = task.perturb(ex, rng)
+            texts += [ex.x, ex.z, feedback.text,
+                      refine_input("", hypothesis, feedback.text, config.refiner.template)]
+        texts.append(NO_HINT)
+        tokenizer = train_subword_tokenizer(texts, config.tokenizer.vocab_size,
+                                            extra_special_tokens=tuple(getattr(task, "special_tokens", ())))
+    tokenizer.save(directory)
+    return tokenizer
+
+
+def model_setup(config, tokenizer: Tokenizer) -> tuple[T5Config, Any]:
+    """(model config, pretrained params or None): a preset sized to the tokenizer, or an imported checkpoint."""
+    overrides = dict(dropout_rate=config.model.dropout_rate, dtype=config.model.dtype,
+                     param_dtype=config.model.param_dtype, remat=config.model.remat)
+    if config.model.checkpoint:
+        model_config, params = hf.load_t5(config.model.checkpoint, **overrides)
+        if model_config.vocab_size < tokenizer.vocab_size:
+            raise config_lib.ConfigError(
+                f"config.model.checkpoint has {model_config.vocab_size} embeddings but the tokenizer has "
+                f"{tokenizer.vocab_size} tokens; use the checkpoint's own tokenizer (tokenizer.kind='hf')")
+        return model_config, params
+    return preset(config.model.preset, vocab_size=padded_vocab_size(tokenizer.vocab_size), **overrides), None
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...] = STAGES) -> dict:
+    """Runs (or resumes) the requested stages; returns {stage: final metrics}."""
+    config_lib.validate(config)
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        raise config_lib.ConfigError(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
+    os.makedirs(workdir, exist_ok=True)
+    _check_workdir_config(workdir, config)
+    task = get_task(config.task.name, **dict(config.task.options))
+    splits = load_splits(task, config)
+    print(f"[data] {task.name}: " + ", ".join(f"{k} {len(v)}" for k, v in splits.items()))
+    tokenizer = build_tokenizer(config, task, splits["train"], workdir)
+    model_config, pretrained = model_setup(config, tokenizer)
+    mesh = shd.make_mesh(dict(config.mesh))
+    log = MetricsLog(workdir)
+    lengths = config.lengths
+    common = dict(workdir=workdir, model_config=model_config, tokenizer=tokenizer, mesh=mesh, seed=config.seed,
+                  bucket=lengths.bucket, checkpoint_every=config.checkpoint.every, keep=config.checkpoint.keep,
+                  log=log, log_every=config.log_every)
+    results: dict[str, Any] = {}
+    timings: dict[str, float] = {}
+
+    def text_model(params, max_input, max_output, batch_size=128):
+        return TextModel(model_config, params, tokenizer, max_input, max_output, lengths.bucket, batch_size)
+
+    def run_stage(name, spec_fn, init_params=None):
+        done = stage_done(workdir, name)
+        if done is not None or name not in stages:
+            results[name] = done
+            return
+        start = time.time()
+        results[name] = train_stage(spec_fn(), init_params=init_params, **common)
+        timings[name] = time.time() - start
+
+    train, val = splits["train"], splits["val"]
+
+    def critic_spec():
+        eval_set = refiner_lib.critic_eval_set(task, val[:config.critic.eval_examples], config.seed)
+        return StageSpec(
+            "critic", config.critic, len(train), refiner_lib.critic_pairs(task, train, config.seed),
+            lambda p: refiner_lib.critic_metrics(task, text_model(p, lengths.critic_input, lengths.feedback),
+                                                 eval_set),
+            "feedback_em", lengths.critic_input, lengths.feedback)
+
+    def generator_eval(p):
+        return refiner_lib.generator_metrics(task, text_model(p, lengths.input, lengths.target),
+                                             val[:config.warmup.eval_examples])
+
+    warm_train = train[:max(config.warmup.batch_size, int(round(len(train) * config.warmup.fraction)))]
+
+    def warmup_spec():
+        return StageSpec("warmup", config.warmup, len(warm_train), refiner_lib.warmup_pairs(warm_train),
+                         generator_eval, task.primary_metric, lengths.input, lengths.target)
+
+    def refiner_spec():
+        sampler_model = text_model(None, lengths.refine_input, lengths.target)
+        return StageSpec("refiner", config.refiner, len(train),
+                         refiner_lib.refiner_pairs(task, train, sampler_model, config.refiner, config.seed),
+                         generator_eval, task.primary_metric, lengths.refine_input, lengths.target)
+
+    run_stage("critic", critic_spec, pretrained)
+    run_stage("warmup", warmup_spec, pretrained)
+    if "refiner" in stages and stage_done(workdir, "refiner") is None:
+        from refiner_jax import checkpoint as ckpt_lib
+
+        warm_params, _ = ckpt_lib.load_params(os.path.join(workdir, "warmup", "export"))
+        run_stage("refiner", refiner_spec, warm_params)  # the loop starts from the warmed-up generator
+    else:
+        results["refiner"] = stage_done(workdir, "refiner")
+    if "eval" in stages:
+        from refiner_jax import evaluate
+
+        start = time.time()
+        results["eval"] = evaluate.evaluate_run(workdir, json.loads(config.to_json()),
+                                                max_examples=config.eval.examples)
+        timings["eval"] = time.time() - start
+    log.close()
+    with open(os.path.join(workdir, "timings.json"), "a", encoding="utf-8") as f:
+        f.write(json.dumps(timings) + "\n")
+    print("[timings] " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
+    return results
+
+
+__all__ = ["STAGES", "build_tokenizer", "load_splits", "model_setup", "run"]

@@ -1,0 +1,113 @@
+"""The three REFINER training stages as text-pair makers for `training.loop.train_stage`.
+
+critic   (x + hypothesis) -> feedback, on gold hypotheses ("No hint") and the task's perturbations, freshly drawn
+         every step;
+warm-up  x -> z* on a fraction of train;
+REFINER  for each batch, T turns: turn 1 is (x -> z*); between turns the current generator draws k nucleus samples
+         per problem, one is selected, the oracle critic gives its feedback (replaced by random feedback with
+         probability epsilon), and turn t+1 is (template(x, z', f) -> z*). All T*B pairs form one batch whose
+         token-mean loss is the sum of the T per-turn losses up to the constant factor T (every turn has the same
+         targets), so one update minimises the summed loss.
+Everything random is seeded by (seed, step), which makes every stage resumable bit for bit.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from refiner_jax.refine import TextModel
+from refiner_jax.tasks.base import Example, Task, feedback_matches, refine_input
+
+
+def _rng(seed: int, step: int, *salt: int) -> random.Random:
+    return random.Random(hash((seed, step) + salt) & 0xFFFFFFFF)
+
+
+def critic_pairs(task: Task, examples: Sequence[Example], seed: int):
+    """`make_pairs` for the critic: one fresh perturbation (or the unchanged gold) per example and step."""
+
+    def make(params: Any, indices: np.ndarray, step: int):
+        rng = _rng(seed, step)
+        pairs = []
+        for i in indices:
+            ex = examples[int(i)]
+            hypothesis, feedback = task.perturb(ex, rng)
+            pairs.append((task.critic_input(ex, hypothesis), feedback.text))
+        return pairs
+
+    return make
+
+
+def critic_eval_set(task: Task, examples: Sequence[Example], seed: int) -> list[tuple[Example, str, Any]]:
+    """A fixed held-out set of (example, perturbed hypothesis, oracle feedback) for critic evaluation."""
+    rng = random.Random(seed + 7919)
+    return [(ex, *task.perturb(ex, rng)) for ex in examples]
+
+
+def critic_metrics(task: Task, critic: TextModel, eval_set) -> dict[str, float]:
+    """Feedback exact match (order-insensitive over sentences), overall and per error type of the gold feedback."""
+    predictions = critic.greedy([task.critic_input(ex, h) for ex, h, _ in eval_set])
+    hits: dict[str, list[bool]] = {}
+    for pred, (_, _, gold) in zip(predictions, eval_set):
+        ok = feedback_matches(pred, gold.text)
+        kinds = {e.kind for e in gold.errors} or {"no_error"}
+        for kind in kinds | {"all"}:
+            hits.setdefault(kind, []).append(ok)
+    out = {"feedback_em": float(np.mean(hits["all"]))}
+    out.update({f"feedback_em/{k}": float(np.mean(v)) for k, v in sorted(hits.items()) if k != "all"})
+    return out
+
+
+def warmup_pairs(examples: Sequence[Example]):
+    """`make_pairs` for the generator warm-up: (x -> z*)."""
+
+    def make(params: Any, indices: np.ndarray, step: int):
+        return [(examples[int(i)].x, examples[int(i)].z) for i in indices]
+
+    return make
+
+
+def generator_metrics(task: Task, generator: TextModel, examples: Sequence[Example]) -> dict[str, float]:
+    """Task metrics of the generator's greedy hypotheses (no critic)."""
+    return task.score(generator.greedy([ex.x for ex in examples]), examples)
+
+
+def select(candidates: Sequence[str], task: Task, example: Example, rule: str, rng: random.Random) -> str:
+    """The hypothesis carried to the next turn: random (the paper), last (the released code) or worst (most errors)."""
+    if rule == "random":
+        return candidates[rng.randrange(len(candidates))]
+    if rule == "last":
+        return candidates[-1]
+    return max(candidates, key=lambda h: len(task.oracle_feedback(example, h).errors))
+
+
+def refiner_pairs(task: Task, examples: Sequence[Example], generator: TextModel, refiner_cfg, seed: int):
+    """`make_pairs` for the REFINER loop; `generator` supplies tokenizer and lengths (its params are replaced by the
+    current training parameters at every step)."""
+
+    def make(params: Any, indices: np.ndarray, step: int):
+        batch = [examples[int(i)] for i in indices]
+        model = TextModel(generator.config, params, generator.tokenizer, generator.max_input, generator.max_output,
+                          generator.bucket, batch_size=len(batch))
+        rng = _rng(seed, step, 1)
+        key = jax.random.fold_in(jax.random.key(seed), step)
+        inputs = [ex.x for ex in batch]
+        pairs = [(x, ex.z) for x, ex in zip(inputs, batch)]
+        for turn in range(1, refiner_cfg.turns):
+            samples = model.generate(inputs, num_samples=refiner_cfg.samples, top_p=refiner_cfg.top_p,
+                                     temperature=refiner_cfg.temperature, rng=jax.random.fold_in(key, turn))
+            inputs = []
+            for ex, candidates in zip(batch, samples):
+                chosen = select(candidates, task, ex, refiner_cfg.selection, rng)
+                if rng.random() < refiner_cfg.feedback_noise:
+                    feedback = task.perturb(ex, rng)[1].text
+                else:
+                    feedback = task.oracle_feedback(ex, chosen).text
+                inputs.append(refine_input(ex.x, chosen, feedback, refiner_cfg.template))
+            pairs += [(x, ex.z) for x, ex in zip(inputs, batch)]
+        return pairs
+
+    return make

@@ -1,0 +1,248 @@
+"""Checkpointing: retention (keep-last-N + best-by-metric), params-only export, restore onto another mesh, the
+resumable data order, and a SIGKILLed training run that resumes to the same parameters as an uninterrupted one.
+
+Multi-device checks run in subprocesses with virtual CPU devices (XLA_FLAGS must be set before JAX starts).
+"""
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if __name__ == "__main__":
+    sys.path.insert(0, REPO)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from refiner_jax.checkpoint import Checkpointer, export_params, load_params  # noqa: E402
+from refiner_jax.training import EpochOrder, TrainState  # noqa: E402
+
+WORKER = os.path.join(REPO, "tests", "_resume_worker.py")
+
+
+def _tree(step: int) -> dict:
+    return {"w": jnp.arange(6.0) * step, "b": {"scale": jnp.full((2,), float(step), jnp.bfloat16)}}
+
+
+def test_keep_last_n_plus_best_by_metric(tmp_path):
+    val_loss = {2: 5.0, 4: 1.0, 6: 3.0, 8: 4.0, 10: 6.0, 12: 7.0}
+    with Checkpointer(tmp_path, save_interval_steps=2, keep_last=2, best_metric="val_loss", best_mode="min") as ck:
+        for step in range(1, 13):
+            saved = ck.save(step, _tree(step), extra={"pos": step}, metrics={"val_loss": val_loss.get(step, 0.0)})
+            assert saved == (step % 2 == 0)
+        assert not ck.should_save(13) and ck.should_save(14)
+    # Reopened from disk: the two latest (10, 12) plus the best (4, lowest val_loss) survive.
+    with Checkpointer(tmp_path, save_interval_steps=2, keep_last=2, best_metric="val_loss") as ck:
+        assert ck.all_steps() == [4, 10, 12]
+        assert ck.best_step() == 4 and ck.latest_step() == 12
+        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _tree(0))
+        state, extra = ck.restore(target, step=4)
+        np.testing.assert_array_equal(state["w"], np.arange(6.0) * 4)
+        assert state["b"]["scale"].dtype == jnp.bfloat16 and extra == {"pos": 4}
+        with pytest.raises(FileNotFoundError, match="step 6"):
+            ck.restore(target, step=6)
+
+
+def test_best_mode_max_and_checkpoints_without_metrics(tmp_path):
+    accuracy = {3: 0.5, 6: 0.9, 9: 0.7}  # steps 12, 15, 18 are saved without evaluation metrics
+    with Checkpointer(tmp_path, save_interval_steps=3, keep_last=1, best_metric="accuracy", best_mode="max") as ck:
+        for step in range(3, 19, 3):
+            ck.save(step, _tree(step), metrics={"accuracy": accuracy[step]} if step in accuracy else None)
+        ck.wait_until_finished()
+        assert ck.all_steps() == [6, 18]
+        assert ck.best_step() == 6
+        with pytest.raises(ValueError, match="lacks the best_metric 'accuracy'"):
+            ck.save(21, _tree(21), metrics={"loss": 1.0})
+
+
+def test_save_is_idempotent_and_forced_saves(tmp_path):
+    with Checkpointer(tmp_path, save_interval_steps=10, keep_last=5) as ck:
+        assert not ck.save(7, _tree(7))
+        assert ck.save(7, _tree(7), force=True)  # e.g. the final step of a run
+        assert not ck.save(7, _tree(7), force=True)
+        ck.wait_until_finished()
+        assert ck.all_steps() == [7]
+    with Checkpointer(tmp_path / "empty") as ck, pytest.raises(FileNotFoundError, match="no checkpoint"):
+        ck.restore(_tree(0))
+
+
+def test_params_only_export_and_partial_restore(tmp_path):
+    params = {"encoder": {"kernel": jnp.arange(12.0).reshape(3, 4)}, "scale": jnp.ones(4, jnp.bfloat16)}
+    export_params(tmp_path / "export", params, metadata={"model": "t5-tiny", "step": 3})
+    loaded, meta = load_params(tmp_path / "export")
+    assert meta == {"model": "t5-tiny", "step": 3}
+    assert jax.tree.structure(loaded) == jax.tree.structure(params)
+    for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(params)):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    with pytest.raises(FileNotFoundError, match="not a params export"):
+        load_params(tmp_path)
+    # Params alone out of a full TrainState checkpoint (the optimizer state is not read).
+    state = TrainState(step=jnp.int32(3), params=params, opt_state=({"mu": jnp.zeros(5)},), rng=jax.random.key(1))
+    with Checkpointer(tmp_path / "run", save_interval_steps=1) as ck:
+        ck.save(3, state)
+        ck.wait_until_finished()
+        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+        got = ck.restore_params(target)
+    np.testing.assert_array_equal(got["encoder"]["kernel"], params["encoder"]["kernel"])
+
+
+def test_epoch_order_is_a_resumable_permutation():
+    order = EpochOrder(10, 3, seed=5)
+    assert order.batches_per_epoch == 3
+    epoch0 = np.concatenate([order.next_indices() for _ in range(3)])
+    epoch1 = np.concatenate([order.next_indices() for _ in range(3)])
+    for epoch in (epoch0, epoch1):  # 9 distinct examples per epoch; the last partial batch is dropped
+        assert len(set(epoch.tolist())) == 9 and set(epoch.tolist()) <= set(range(10))
+    assert not np.array_equal(epoch0, epoch1)
+    # Same seed, same stream; a restored position continues it exactly.
+    fresh = EpochOrder(10, 3, seed=5)
+    first = [fresh.next_indices() for _ in range(4)]
+    saved = json.loads(json.dumps(fresh.state_dict()))  # it is stored as JSON in checkpoints
+    rest = [fresh.next_indices() for _ in range(5)]
+    resumed = EpochOrder(10, 3, seed=5)
+    resumed.load_state_dict(saved)
+    assert all(np.array_equal(a, b) for a, b in zip(rest, [resumed.next_indices() for _ in range(5)]))
+    assert np.array_equal(np.concatenate(first[:3]), epoch0)
+    with pytest.raises(ValueError, match="batch_size=4"):
+        EpochOrder(10, 4, seed=5).load_state_dict(saved)
+    assert np.array_equal(EpochOrder(4, 2, shuffle=False).next_indices(), [0, 1])
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Restore onto a different mesh (8 virtual devices, in a subprocess)
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _multi_device_report(workdir: str) -> dict:
+    from refiner_jax import sharding as shd
+    from refiner_jax.models.t5 import T5, preset
+    from refiner_jax.training import abstract_train_state, make_optimizer
+
+    model = T5(preset("t5-tiny", num_layers=1))
+    init = lambda k: model.init(k, jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))["params"]  # noqa
+    tx, _ = make_optimizer({"name": "adamw"})
+    rng = np.random.default_rng(0)
+
+    def concrete(abstract):  # random values (no model compile needed), placed with the abstract's shardings
+        def one(x):
+            if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+                return jax.device_put(jax.random.key(42), x.sharding)
+            return jax.device_put(rng.normal(size=x.shape).astype(x.dtype), x.sharding)
+        return jax.tree.map(one, abstract)
+
+    src_target, _ = abstract_train_state(init, tx, shd.make_mesh({"fsdp": 8}))
+    state = concrete(src_target)
+    with Checkpointer(workdir, save_interval_steps=1) as ck:
+        ck.save(1, state, extra={"note": "fsdp8"})
+    host = jax.device_get(jax.tree.map(lambda x: jax.random.key_data(x) if x.dtype == state.rng.dtype else x, state))
+
+    report = {}
+    for name, mesh in [("dp2_fsdp2_tp2", shd.make_mesh((2, 2, 2))),
+                       ("single_device", shd.make_mesh((1, 1, 1), devices=jax.devices()[:1]))]:
+        target, shardings = abstract_train_state(init, tx, mesh)
+        with Checkpointer(workdir, save_interval_steps=1) as ck:
+            restored, extra = ck.restore(target)
+        got = jax.device_get(jax.tree.map(lambda x: jax.random.key_data(x) if x.dtype == state.rng.dtype else x,
+                                          restored))
+        report[name] = dict(
+            identical=all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(got))),
+            shardings_as_target=all(a.sharding == s for a, s in
+                                    zip(jax.tree.leaves(restored), jax.tree.leaves(shardings))),
+            embedder_spec=str(restored.params["token_embedder"].sharding.spec), extra=extra)
+    return report
+
+
+def test_restore_onto_a_different_mesh(tmp_path):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), str(tmp_path / "ckpt")], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    # Saved on fsdp=8; restored bit-identically onto (data=2, fsdp=2, tensor=2) and onto one device.
+    assert report["dp2_fsdp2_tp2"]["identical"] and report["dp2_fsdp2_tp2"]["shardings_as_target"]
+    assert report["dp2_fsdp2_tp2"]["embedder_spec"] == str(jax.P("tensor", "fsdp"))
+    assert report["single_device"]["identical"] and report["single_device"]["shardings_as_target"]
+    assert report["single_device"]["extra"] == {"note": "fsdp8"}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Kill and resume
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _worker(workdir, cache_dir, *extra_args):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+               JAX_DISABLE_MOST_OPTIMIZATIONS="1", JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+               PYTHONPATH=REPO)
+    os.makedirs(workdir, exist_ok=True)
+    stderr = open(os.path.join(workdir, "stderr.txt"), "w")
+    args = [sys.executable, "-u", WORKER, str(workdir), "--steps", "24", "--ckpt_every", "5", "--mesh", "1,2,1"]
+    return subprocess.Popen(args + list(extra_args), env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=stderr,
+                            text=True)
+
+
+def _lines(proc) -> "queue.Queue[str | None]":
+    q = queue.Queue()
+
+    def pump():
+        for line in proc.stdout:
+            q.put(line.strip())
+        q.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return q
+
+
+def _final_params(workdir) -> dict:
+    with np.load(os.path.join(workdir, "final_params.npz")) as f:
+        return {k: f[k] for k in f.files}
+
+
+def _wait_for(lines, prefix: str, log) -> list[str]:
+    seen = []
+    while True:
+        line = lines.get(timeout=240)
+        assert line is not None, f"worker exited before {prefix!r}: {seen} {log.read_text()[-3000:]}"
+        seen.append(line)
+        if line.startswith(prefix):
+            return seen
+
+
+def test_sigkill_mid_run_then_resume_matches_uninterrupted_run(tmp_path):
+    cache = tmp_path / "compile_cache"  # the three runs compile identical programs: compile them once
+    reference = _worker(tmp_path / "reference", cache)
+    ref_lines = _lines(reference)
+    _wait_for(ref_lines, "STEP 1 ", tmp_path / "reference/stderr.txt")  # compiled (and cached) by now
+    victim = _worker(tmp_path / "victim", cache, "--pause_at", "13")
+    _wait_for(_lines(victim), "STEP 13 ", tmp_path / "victim/stderr.txt")
+    os.kill(victim.pid, signal.SIGKILL)  # mid-run: updates 11-13 are lost, an async save may be in flight
+    victim.wait(timeout=60)
+    assert victim.returncode == -signal.SIGKILL
+    _wait_for(ref_lines, "STEP 24 ", tmp_path / "reference/stderr.txt")
+    assert reference.wait(timeout=120) == 0, (tmp_path / "reference/stderr.txt").read_text()[-3000:]
+
+    resumed = _worker(tmp_path / "victim", cache)
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, (tmp_path / "victim/stderr.txt").read_text()[-3000:]
+    first = out.splitlines()[0]
+    assert first in ("RESUMED 10", "RESUMED 5"), out  # the last complete checkpoint before the kill
+    steps = [int(line.split()[1]) for line in out.splitlines() if line.startswith("STEP")]
+    assert steps == list(range(int(first.split()[1]) + 1, 25))
+
+    want, got = _final_params(tmp_path / "reference"), _final_params(tmp_path / "victim")
+    assert sorted(want) == sorted(got)
+    max_diff = max(float(np.max(np.abs(want[k] - got[k]))) for k in want)
+    assert max_diff <= 1e-6, max_diff  # bitwise in practice: same programs, same data order, same dropout keys
+
+
+if __name__ == "__main__":
+    print(json.dumps(_multi_device_report(sys.argv[1])))

@@ -1,0 +1,189 @@
+"""The critic as a tool (JSONL in/out, LLM refinement prompts) and interactive refinement with scripted answers."""
+import json
+import re
+
+import pytest
+
+from refiner_jax import critic_tool, refine
+from refiner_jax.tasks import get_task
+from refiner_jax.tasks.base import NO_HINT, Example, feedback_matches
+
+
+@pytest.fixture(scope="module")
+def mwp():
+    return get_task("mwp")
+
+
+class RecordingCritic:
+    """Says "No hint" for a one-step formula, "An operator is extra." otherwise; records what it was given."""
+
+    def __init__(self, task):
+        self.task = task
+        self.inputs = []
+        self.examples = []
+
+    def feedback(self, examples, hypotheses):
+        self.examples += list(examples)
+        self.inputs += [self.task.critic_input(ex, h) for ex, h in zip(examples, hypotheses)]
+        return [NO_HINT if "|" not in h else "An operator is extra." for h in hypotheses]
+
+
+def _write(path, lines):
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def test_round_trip(tmp_path, mwp):
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(src, [json.dumps({"id": "a", "question": "Tom has number0 apples .", "hypothesis": "number0"}),
+                 "",
+                 json.dumps({"question": "Q2 number0 number1", "hypothesis": "#0: add ( number0, number1 ) | "
+                                                                            "#1: add ( #0, number1 )",
+                             "model": "some-llm"})])
+    critic = RecordingCritic(mwp)
+    assert critic_tool.run_tool(critic, mwp, str(src), str(dst)) == 2
+    out = [json.loads(line) for line in dst.read_text().splitlines()]
+    assert out == [
+        {"id": "a", "question": "Tom has number0 apples .", "hypothesis": "number0", "feedback": NO_HINT},
+        {"question": "Q2 number0 number1", "hypothesis": "#0: add ( number0, number1 ) | #1: add ( #0, number1 )",
+         "model": "some-llm", "feedback": "An operator is extra."}]
+    # Gold-free examples: x is the question, no gold; a record without an id is named by its line (3).
+    assert [(e.uid, e.x, e.z, e.y) for e in critic.examples] == [
+        ("a", "Tom has number0 apples .", "", ""), ("line-3", "Q2 number0 number1", "", "")]
+    assert critic.inputs[0] == "Tom has number0 apples . number0"
+
+
+@pytest.mark.parametrize("line, expected", [
+    ('{"question": "q", "hypothesis": "h"', r"line 2: not valid JSON"),
+    ('["question", "hypothesis"]', r"line 2: got a JSON list"),
+    ('{"question": "q"}', r"line 2: missing \"hypothesis\""),
+    ('{"question": 3, "hypothesis": "h"}', r"line 2: \"question\" must be a string, got int"),
+])
+def test_malformed_lines_name_line_and_format(tmp_path, mwp, line, expected):
+    src = tmp_path / "in.jsonl"
+    _write(src, ['{"question": "q", "hypothesis": "h"}', line])
+    with pytest.raises(critic_tool.CriticInputError, match=expected) as info:
+        critic_tool.run_tool(RecordingCritic(mwp), mwp, str(src), str(tmp_path / "out.jsonl"))
+    assert str(src) in str(info.value)
+    assert "question" in str(info.value) and "hypothesis" in str(info.value)
+
+
+def test_gold_fields_of_the_critic_inputs():
+    assert critic_tool.gold_fields_read(get_task("mwp")) == set()
+    assert critic_tool.gold_fields_read(get_task("snlr")) == set()
+    moral = get_task("moral_stories")  # its critic reads the gold moral action y
+    assert critic_tool.gold_fields_read(moral) == {"y"}
+    with pytest.raises(critic_tool.CriticInputError, match=r"line 1: .*add it as \"y\""):
+        critic_tool.records_to_examples([{"question": "q", "hypothesis": "h", "_line": 1}], moral)
+    [ex] = critic_tool.records_to_examples([{"question": "q", "hypothesis": "h", "y": "act", "_line": 1}], moral)
+    assert (ex.x, ex.z, ex.y) == ("q", "", "act")
+
+
+def test_builtin_demonstrations_agree_with_the_oracle(mwp):
+    demos = critic_tool.MWP_PROMPT.demonstrations
+    assert len(demos) >= 3 and any(d.feedback == NO_HINT for d in demos)
+    for d in demos:
+        gold = Example("demo", d.question, d.revision, "")
+        assert feedback_matches(mwp.oracle_feedback(gold, d.hypothesis).text, d.feedback), d
+        assert mwp.oracle_feedback(gold, d.revision).ok
+        assert set(re.findall(r"number\d", d.hypothesis + d.revision)) <= set(re.findall(r"number\d", d.question))
+
+
+def test_rendered_prompt_layout(tmp_path, mwp):
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(src, [json.dumps({"question": "Ann has number0 pens .", "hypothesis": "#0: add ( number0, number0 ) | "
+                                                                                 "#1: add ( #0, number0 )"})])
+    critic_tool.run_tool(RecordingCritic(mwp), mwp, str(src), str(dst), render=True)
+    [record] = [json.loads(line) for line in dst.read_text().splitlines()]
+    prompt = record["prompt"]
+    blocks = prompt.split("\n\n")
+    assert blocks[0] == critic_tool.MWP_PROMPT.instruction
+    assert len(blocks) == 2 + len(critic_tool.MWP_PROMPT.demonstrations)
+    first = critic_tool.MWP_PROMPT.demonstrations[0]
+    assert blocks[1] == (f"Question: {first.question}\nEquation: {first.hypothesis}\nFeedback: {first.feedback}\n"
+                         f"Revised equation: {first.revision}")
+    assert blocks[-1] == ("Question: Ann has number0 pens .\n"
+                          "Equation: #0: add ( number0, number0 ) | #1: add ( #0, number0 )\n"
+                          "Feedback: An operator is extra.\nRevised equation:")
+
+
+def test_custom_demonstrations(tmp_path):
+    demos = tmp_path / "demos.jsonl"
+    _write(demos, [json.dumps({"question": "Q", "hypothesis": "H", "feedback": "F", "revision": "R"})])
+    fmt = critic_tool.prompt_format("snlr", critic_tool.read_demonstrations(str(demos)))
+    assert critic_tool.render_prompt("q", "h", "f", fmt).endswith(
+        "Question: Q\nAnswer: H\nFeedback: F\nRevised answer: R\n\nQuestion: q\nAnswer: h\nFeedback: f\n"
+        "Revised answer:")
+    _write(demos, [json.dumps({"question": "Q", "hypothesis": "H"})])
+    with pytest.raises(critic_tool.CriticInputError, match="line 1: expected a JSON object with string fields"):
+        critic_tool.read_demonstrations(str(demos))
+
+
+# ----------------------------------------------------------------------------------------------- interactive
+
+
+class FixingGenerator:
+    """Turn 0: the scripted answer for the problem. Revisions: "Use X." -> X, anything else -> previous + "?"."""
+
+    def __init__(self, first):
+        self.first = first
+
+    def greedy(self, texts):
+        out = []
+        for text in texts:
+            m = re.match(r"^(.*) Previous Answer: (.*) Feedback: (.*)$", text)
+            if m is None:
+                out.append(self.first[text])
+            elif m.group(3).startswith("Use "):
+                out.append(m.group(3)[4:].rstrip("."))
+            else:
+                out.append(m.group(2) + "?")
+        return out
+
+
+class ScoreTask:
+    name = "toy"
+    primary_metric = "em"
+
+    def critic_input(self, example, hypothesis):
+        return f"{example.x} {hypothesis}"
+
+    def score(self, predictions, examples):
+        return {"em": sum(p == e.z for p, e in zip(predictions, examples)) / len(examples)}
+
+
+def _scripted(answers):
+    answers = iter(answers)
+    return lambda prompt: next(answers)
+
+
+def test_interactive_session_scripted():
+    examples = [Example("0", "q0", "g0", ""), Example("1", "q1", "g1", "")]
+    generator = FixingGenerator({"q0": "g0", "q1": "bad1", "Ann has 3 pens": "3"})
+    suggest = refine.CallableCritic(lambda exs, hyps: [NO_HINT if h == e.z else f"Use {e.z}." for e, h in
+                                                       zip(exs, hyps)])
+    shown = []
+    # Problem 1: Enter takes the suggestion "Use g1." -> g1; "ok" accepts. Then a typed problem without gold:
+    # "hmm" -> "3?", typed "Use 4." -> "4"; the turn limit (2) ends it. Then quit.
+    answers = ["1", "", "ok", "Ann has 3 pens", "hmm", "Use 4.", "q"]
+    trajectories = critic_tool.interactive_loop(ScoreTask(), generator, examples, suggest, turns=2,
+                                                ask=_scripted(answers), show=shown.append)
+    first, typed = trajectories
+    assert first.hypotheses == ["bad1", "g1"] and first.feedback == ["Use g1.", NO_HINT]
+    assert [s["em"] for s in first.scores] == [0.0, 1.0]
+    assert typed.hypotheses == ["3", "3?", "4"] and typed.feedback == ["hmm", "Use 4."]
+    assert typed.scores == [{}, {}, {}]  # a typed problem has no gold
+    text = "\n".join(shown)
+    assert "Hypothesis: bad1\nSuggested:  Use g1." in text
+    assert "Final hypothesis (1 revision(s), accepted): g1" in text and "em per turn: 0% -> 100%" in text
+    assert "Final hypothesis (2 revision(s), turn limit reached): 4" in text
+
+
+def test_interactive_no_hint_typed_and_bad_index():
+    examples = [Example("0", "q0", "g0", "")]
+    shown = []
+    answers = ["7", "0", "no HINT", "q"]  # index out of range -> asked again; "no hint" (any case) accepts
+    [traj] = critic_tool.interactive_loop(ScoreTask(), FixingGenerator({"q0": "x"}), examples, None, turns=3,
+                                          ask=_scripted(answers), show=shown.append)
+    assert traj.hypotheses == ["x"] and traj.feedback == [NO_HINT]
+    assert "no problem 7: there are 1" in shown
+    assert "Suggested:  No hint" in "\n".join(shown)

@@ -1,0 +1,304 @@
+"""The batch sampler against hand-worked stub models, sort-based reference distributions, a cache-free greedy
+loop over the teacher-forced T5, and transformers' PyTorch `generate` on the same weights."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax.linen import meta
+
+from refiner_jax import sampling
+from refiner_jax.models.t5 import T5, T5Config
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stub models with hand-worked expected tokens (cf. the worked examples in `sampling.sample`'s docstring)
+
+VOCAB = 16
+EOS = 5
+
+
+def _successor(tokens, index, cache):
+    """Next token = input + 1 (mod VOCAB), with one-hot logits scaled by 10."""
+    return jax.nn.one_hot((tokens + 1) % VOCAB, VOCAB) * 10.0, cache
+
+
+def _position_successor(tokens, index, cache):
+    """Next token = input + its position (mod VOCAB): the output reveals the index each token was fed at."""
+    return jax.nn.one_hot((tokens + index) % VOCAB, VOCAB) * 10.0, cache + 1
+
+
+def _prefers_eos(tokens, index, cache):
+    """EOS first (logit 3), then token 7 (logit 2), whatever the input."""
+    logits = jnp.zeros((tokens.shape[0], VOCAB)).at[:, EOS].set(3.0).at[:, 7].set(2.0)
+    return logits, cache
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("max_new_tokens", "max_top_k"))
+def _run(model, prompt, lengths=None, *, max_new_tokens, max_top_k=64, temperature=1.0, top_k=0, top_p=1.0,
+         min_new_tokens=0):
+    return sampling.sample(model, jnp.zeros(()), jnp.asarray(prompt, jnp.int32), jax.random.key(0),
+                           max_new_tokens=max_new_tokens, prompt_lengths=lengths, eos_id=EOS, temperature=temperature,
+                           top_k=top_k, top_p=top_p, min_new_tokens=min_new_tokens, max_top_k=max_top_k)
+
+
+def test_greedy_stops_at_eos_pads_after_it_and_stops_at_max_new_tokens():
+    out = _run(_successor, jnp.asarray([[2], [7], [4]]), max_new_tokens=4, temperature=0.0)
+    np.testing.assert_array_equal(out.tokens, [[3, 4, 5, 0], [8, 9, 10, 11], [5, 0, 0, 0]])
+    np.testing.assert_array_equal(out.lengths, [3, 4, 1])
+    lp = 10.0 - np.log(np.exp(10.0) + VOCAB - 1)  # log p(argmax) of one-hot logits scaled by 10
+    np.testing.assert_allclose(out.token_log_probs, np.where(np.arange(4) < out.lengths[:, None], lp, 0.0),
+                               atol=1e-6)
+    np.testing.assert_allclose(out.log_prob, out.lengths * lp, atol=1e-6)
+
+
+def test_prompt_is_teacher_forced_and_fed_at_consecutive_positions():
+    # Row 0 (length 2): feed 7@0 -> forced 3; 3@1 -> 4; 4@2 -> 6; 6@3 -> 9; 9@4 -> 13.
+    # Row 1 (length 1, the 9 is padding): 2@0 -> 2; 2@1 -> 3; 3@2 -> 5 = EOS.
+    prompt = jnp.asarray([[7, 3], [2, 9]])
+    out = _run(_position_successor, prompt, jnp.asarray([2, 1]), max_new_tokens=4, temperature=0.0)
+    np.testing.assert_array_equal(out.tokens, [[4, 6, 9, 13], [2, 3, 5, 0]])
+    np.testing.assert_array_equal(out.lengths, [4, 3])
+    # Without lengths every row has the full prompt: row 1 feeds 2@0 -> forced 9; 9@1 -> 10; 10@2 -> 12; ...
+    out = _run(_position_successor, prompt, max_new_tokens=4, temperature=0.0)
+    np.testing.assert_array_equal(out.tokens, [[4, 6, 9, 13], [10, 12, 15, 3]])
+
+
+@pytest.mark.parametrize("knobs", [dict(temperature=0.0), dict(temperature=1.0, top_p=0.01)],
+                         ids=["greedy", "top_p"])
+def test_min_new_tokens_suppresses_eos(knobs):
+    prompt = jnp.asarray([[2], [2]])
+    out = _run(_prefers_eos, prompt, max_new_tokens=6, **knobs)
+    np.testing.assert_array_equal(out.tokens, [[5, 0, 0, 0, 0, 0]] * 2)
+    out = _run(_prefers_eos, prompt, max_new_tokens=6, min_new_tokens=3, **knobs)
+    np.testing.assert_array_equal(out.tokens, [[7, 7, 7, 5, 0, 0]] * 2)
+    np.testing.assert_array_equal(out.lengths, [4, 4])
+    # Reported log-probs are the model's, unaffected by the EOS suppression.
+    logz = np.log(np.exp(3.0) + np.exp(2.0) + VOCAB - 2)
+    np.testing.assert_allclose(out.token_log_probs[0], [2 - logz] * 3 + [3 - logz, 0, 0], rtol=1e-5)
+
+
+def test_log_probs_are_raw_model_log_probs_under_temperature_and_top_p():
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    logits = jnp.log(jnp.asarray(probs, jnp.float32))
+    model = lambda t, i, c: (jnp.broadcast_to(logits, (t.shape[0], 4)), c)  # noqa: E731
+    out = sampling.sample(model, None, jnp.zeros((64, 1), jnp.int32), jax.random.key(3), max_new_tokens=3,
+                          temperature=0.7, top_p=0.8, eos_id=3, min_new_tokens=3)
+    tokens = np.asarray(out.tokens)
+    assert set(np.unique(tokens)) == {0, 1}  # the 0.8-nucleus of probs ** (1 / 0.7) is {0, 1}
+    np.testing.assert_allclose(out.token_log_probs, np.log(probs)[tokens], rtol=1e-5)
+    np.testing.assert_allclose(out.log_prob, np.log(probs)[tokens].sum(-1), rtol=1e-5)
+
+
+def test_temperature_towards_zero_equals_greedy():
+    table = jax.random.normal(jax.random.key(1), (50, 50))
+    model = lambda t, i, c: (table[t], c)  # noqa: E731
+    prompt = jnp.arange(8, dtype=jnp.int32)[:, None] + 2
+    greedy = _run(model, prompt, max_new_tokens=12, temperature=0.0)
+    for top_p in (1.0, 0.9):
+        cold = _run(model, prompt, max_new_tokens=12, temperature=1e-4, top_p=top_p)
+        np.testing.assert_array_equal(cold.tokens, greedy.tokens)
+
+
+def test_top_k_above_bound_is_an_error():
+    with pytest.raises(ValueError, match="max_top_k"):
+        sampling.sample(_successor, None, jnp.asarray([[2]]), jax.random.key(0), max_new_tokens=2, top_k=100,
+                        max_top_k=64)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sampling distributions against a sort-based reference (the textbook / transformers definition)
+
+TAIL = 294
+# Six large probabilities, then a tail of distinct small ones; ids shuffled so order does not follow ids.
+_P = np.concatenate([[0.3, 0.2, 0.15, 0.1, 0.05, 0.05], 0.15 * np.linspace(2, 1, TAIL) / np.linspace(2, 1, TAIL).sum()])
+_PERM = np.random.default_rng(0).permutation(_P.size)
+PROBS = np.empty_like(_P)
+PROBS[_PERM] = _P
+DRAWS = 20000
+
+
+def _reference(probs, temperature, top_k, top_p):
+    """Sampling distribution by full sort: temperature, then top-k, then the smallest set reaching top_p."""
+    p = probs ** (1.0 / temperature)
+    p /= p.sum()
+    order = np.argsort(-p, kind="stable")
+    q = p[order]
+    if top_k:
+        q[top_k:] = 0
+        q /= q.sum()
+    if top_p < 1:
+        before = np.cumsum(q) - q
+        q = np.where(before < top_p, q, 0.0)
+    out = np.zeros_like(p)
+    out[order] = q / q.sum()
+    return out
+
+
+@jax.jit
+def _draw_tokens(logits, key, temperature, top_k, top_p):
+    model = lambda t, i, c: (jnp.broadcast_to(logits, (t.shape[0], logits.shape[0])), c)  # noqa: E731
+    return sampling.sample(model, None, jnp.zeros((DRAWS, 1), jnp.int32), key, max_new_tokens=1,
+                           temperature=temperature, top_k=top_k, top_p=top_p, eos_id=-1).tokens[:, 0]
+
+
+@jax.jit
+def _draw_tokens_bound_2(logits, key, temperature, top_k, top_p):
+    model = lambda t, i, c: (jnp.broadcast_to(logits, (t.shape[0], logits.shape[0])), c)  # noqa: E731
+    return sampling.sample(model, None, jnp.zeros((DRAWS, 1), jnp.int32), key, max_new_tokens=1,
+                           temperature=temperature, top_k=top_k, top_p=top_p, eos_id=-1, max_top_k=2).tokens[:, 0]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p,bound", [
+    (1.0, 0, 0.7, 64),  # nucleus (4 tokens) inside the bound
+    (1.0, 0, 0.7, 2),  # nucleus larger than the bound: exact full-vocabulary fallback
+    (1.0, 0, 0.95, 64),  # nucleus of ~200 tokens ending inside the tail: fallback, boundary at a distinct prob
+    (2.0, 0, 0.9, 64),  # temperature before top-p
+    (1.0, 3, 1.0, 64),  # top-k
+    (1.0, 3, 0.6, 64),  # top-p within the renormalised top-k
+    (0.5, 0, 1.0, 64),  # temperature alone: the full-vocabulary draw
+])
+def test_sampling_distribution_matches_sort_reference(temperature, top_k, top_p, bound):
+    from scipy import stats
+
+    draw = _draw_tokens if bound == 64 else _draw_tokens_bound_2
+    tokens = np.asarray(draw(jnp.log(jnp.asarray(PROBS, jnp.float32)), jax.random.key(7), temperature, top_k,
+                             top_p))
+    expected = _reference(PROBS, temperature, top_k, top_p)
+    counts = np.bincount(tokens, minlength=PROBS.size)
+    assert counts[expected == 0].sum() == 0, "sampled a token outside the top-k / nucleus set"
+    # Chi-square over tokens with enough expected draws, the remaining support pooled into one bin.
+    big = expected * DRAWS >= 5
+    observed = np.append(counts[big], counts[~big].sum())
+    wanted = np.append(expected[big], expected[~big].sum()) * DRAWS
+    keep = wanted > 0
+    assert stats.chisquare(observed[keep], wanted[keep] * observed.sum() / wanted.sum()).pvalue > 1e-4
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# T5: cache vs recompute, transformers parity, samples, compilations
+
+# Equal encoder / decoder depth: transformers' generate cache assumes it.
+CONFIG = T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
+                  relative_attention_num_buckets=8, relative_attention_max_distance=20, dropout_rate=0.0)
+PROMPTS = np.array([[5, 9, 17, 33, 2, 41, 7, 1, 0, 0, 0, 0],
+                    [12, 88, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0],
+                    [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 1],
+                    [2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]], np.int32)
+MAX_NEW = 10
+
+
+@pytest.fixture(scope="module")
+def params():
+    """Random weights of the right shapes (host-side: no init compilation); norm scales randomised too."""
+    dummy = jnp.ones((1, 4), jnp.int32)
+    shapes = meta.unbox(jax.eval_shape(T5(CONFIG).init, jax.random.key(0), dummy, dummy)["params"])
+    rng = np.random.default_rng(0)
+
+    def fill(path, leaf):
+        if path[-1].key == "scale":
+            return jnp.asarray(1.0 + 0.2 * rng.standard_normal(leaf.shape), jnp.float32)
+        std = 1.0 if path[-1].key == "token_embedder" else leaf.shape[0] ** -0.5
+        return jnp.asarray(std * rng.standard_normal(leaf.shape), jnp.float32)
+
+    return jax.tree_util.tree_map_with_path(fill, shapes)
+
+
+@pytest.fixture(scope="module")
+def greedy(params):
+    return sampling.sample_t5(params, PROMPTS, jax.random.key(0), config=CONFIG, max_new_tokens=MAX_NEW,
+                              temperature=0.0)
+
+
+def _recompute_greedy(params, prompts, max_new_tokens):
+    """Greedy decoding without a cache: rerun the teacher-forced model on the whole prefix for every token."""
+    forward = jax.jit(lambda p, e, d: T5(CONFIG).apply({"params": p}, e, d))
+    batch = prompts.shape[0]
+    decoder_inputs = np.zeros((batch, max_new_tokens), np.int32)  # start token, then the generated tokens
+    tokens = np.zeros((batch, max_new_tokens), np.int32)
+    log_probs = np.zeros((batch, max_new_tokens), np.float32)
+    done = np.zeros(batch, bool)
+    for t in range(max_new_tokens):
+        # Positions after t do not influence position t (causal decoder), so a fixed-width input suffices.
+        logits = np.asarray(forward(params, prompts, decoder_inputs))[:, t]  # [batch, vocab]
+        step = logits.argmax(-1)
+        lp = logits[np.arange(batch), step] - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) \
+            - logits.max(-1)
+        tokens[:, t] = np.where(done, 0, step)
+        log_probs[:, t] = np.where(done, 0.0, lp)
+        done |= step == 1
+        if t + 1 < max_new_tokens:
+            decoder_inputs[:, t + 1] = step
+    return tokens, log_probs
+
+
+def test_t5_greedy_with_cache_equals_full_recompute(params, greedy):
+    tokens, log_probs = _recompute_greedy(params, PROMPTS, MAX_NEW)
+    out = greedy
+    assert out.tokens.shape == (4, 1, MAX_NEW)
+    np.testing.assert_array_equal(out.tokens[:, 0], tokens)
+    np.testing.assert_allclose(out.token_log_probs[:, 0], log_probs, atol=1e-4)
+    np.testing.assert_array_equal(out.lengths[:, 0], [np.flatnonzero(np.append(r, 1) == 1)[0] + 1 if
+                                                      (r == 1).any() else MAX_NEW for r in tokens])
+
+
+def test_t5_greedy_on_bucket_padded_prompts_equals_transformers_generate(params, greedy, tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from refiner_jax.models import hf
+
+    hf.save_t5(CONFIG, jax.device_get(params), tmp_path)
+    reference = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path).eval()
+    padded = sampling.pad_to_bucket(PROMPTS, buckets=(8, 16, 32))  # [4, 16]: pad keys are masked
+    assert padded.shape == (4, 16)
+    ids = torch.from_numpy(PROMPTS.astype(np.int64))
+    for min_new in (0, 3):
+        generation = transformers.GenerationConfig(
+            do_sample=False, num_beams=1, max_new_tokens=MAX_NEW, min_new_tokens=min_new, decoder_start_token_id=0,
+            pad_token_id=0, eos_token_id=1, return_dict_in_generate=True, output_logits=True)
+        with torch.inference_mode():
+            ref = reference.generate(input_ids=ids, attention_mask=(ids > 0).long(), generation_config=generation)
+        ref_tokens = ref.sequences[:, 1:].numpy()  # drop the start token; rows padded with 0 after EOS
+        steps = ref_tokens.shape[1]
+        ref_tokens = np.pad(ref_tokens, ((0, 0), (0, MAX_NEW - steps)))
+        out = sampling.sample_t5(params, padded, jax.random.key(0), config=CONFIG, max_new_tokens=MAX_NEW,
+                                 temperature=0.0, min_new_tokens=min_new)
+        np.testing.assert_array_equal(out.tokens[:, 0], ref_tokens)
+        # Model log-probs of the chosen tokens, from the reference's raw logits.
+        ref_lp = np.stack([torch.log_softmax(step.float(), -1).numpy() for step in ref.logits], 1)  # [b, steps, V]
+        ref_lp = np.take_along_axis(ref_lp, ref_tokens[:, :steps, None], -1)[..., 0]
+        ref_lp = np.where(np.arange(steps) < np.asarray(out.lengths[:, :1]), ref_lp, 0.0)
+        np.testing.assert_allclose(out.token_log_probs[:, 0, :steps], ref_lp, atol=1e-4)
+        if min_new == 0:
+            # EOS is exercised (some rows end early) and padding the prompts changed nothing.
+            assert (np.asarray(out.lengths) < MAX_NEW).any()
+            np.testing.assert_array_equal(out.tokens, greedy.tokens)
+        else:
+            assert (np.asarray(out.lengths) > min_new).all()
+
+
+def test_t5_samples_differ_are_deterministic_and_knobs_do_not_recompile(params):
+    kwargs = dict(config=CONFIG, max_new_tokens=MAX_NEW, num_samples=4)
+    a = sampling.sample_t5(params, PROMPTS, jax.random.key(1), temperature=1.0, top_p=0.95, **kwargs)
+    compiled = sampling._sample_t5_jit._cache_size()
+    b = sampling.sample_t5(params, PROMPTS, jax.random.key(1), temperature=1.0, top_p=0.95, **kwargs)
+    c = sampling.sample_t5(params, PROMPTS, jax.random.key(2), temperature=1.0, top_p=0.95, **kwargs)
+    assert a.tokens.shape == (4, 4, MAX_NEW) and a.log_prob.shape == (4, 4)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(a.tokens, c.tokens)
+    for prompt in np.asarray(a.tokens):  # the K samples of each prompt are not all the same
+        assert len({tuple(s) for s in prompt}) > 1
+    for knobs in (dict(temperature=0.7, top_p=0.5), dict(temperature=1.3, top_k=5), dict(temperature=0.0),
+                  dict(temperature=0.9, top_k=3, top_p=0.8, min_new_tokens=4)):
+        sampling.sample_t5(params, PROMPTS, jax.random.key(3), **knobs, **kwargs)
+    assert sampling._sample_t5_jit._cache_size() == compiled
+
+
+def test_bucket_sizes():
+    assert [sampling.bucket_size(n) for n in (1, 8, 9, 100, 128, 129)] == [8, 8, 16, 128, 128, 256]
+    assert sampling.bucket_size(20, (16, 48, 32)) == 32
+    with pytest.raises(ValueError, match="largest bucket"):
+        sampling.bucket_size(65, (16, 64))
+    np.testing.assert_array_equal(sampling.pad_to_bucket(np.ones((3, 5)), axis=0, minimum=4),
+                                  np.concatenate([np.ones((3, 5)), np.zeros((1, 5))]))
