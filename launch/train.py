@@ -7,7 +7,7 @@
 Rerunning with the same --workdir skips finished stages and resumes an interrupted one. The logic lives in
 `refiner_jax.training.pipeline`; this file only parses flags.
 """
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from refiner_jax import sharding
@@ -25,6 +25,7 @@ flags.mark_flags_as_required(["config"])
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.WARNING)  # keep checkpointing chatter out of the progress output
     sharding.maybe_initialize_distributed(enabled=_MULTIHOST.value)
     pipeline.run(_CONFIG.value, _WORKDIR.value, tuple(_STAGES.value))
 

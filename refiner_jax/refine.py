@@ -96,7 +96,7 @@ class ModelCritic:
         run = RunInfo.load(workdir)
         task = task or run.task()
         model = load_text_model(os.path.join(workdir, "critic"), run.tokenizer(), run.lengths["critic_input"],
-                                run.lengths["feedback"], run.lengths["bucket"])
+                                run.lengths["feedback"])
         return cls(model, task)
 
 

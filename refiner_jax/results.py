@@ -251,14 +251,19 @@ def plot_noise(results: Mapping[str, Any], path: str) -> str:
 
 
 def _curve_keys(records: Sequence[dict]) -> tuple[list[str], list[str]]:
-    """(loss keys, validation keys) of a stage's records; per-type breakdowns ("a/b") only when nothing else."""
-    keys: list[str] = []
+    """(loss keys, validation keys) of a stage's records. Validation metrics are the numeric fields of records
+    without a "loss" (evaluation records) and "val*" fields anywhere; per-type breakdowns ("a/b") are left out
+    unless there is nothing else."""
+    loss: list[str] = []
+    val: list[str] = []
     for r in records:
-        keys += [k for k, v in r.items() if k not in keys and k not in _NOT_CURVES
-                 and isinstance(v, (int, float)) and not isinstance(v, bool)]
-    loss = [k for k in keys if "loss" in k]
-    other = [k for k in keys if "loss" not in k]
-    return loss, [k for k in other if "/" not in k] or other
+        for k, v in r.items():
+            if k in _NOT_CURVES or not isinstance(v, (int, float)) or isinstance(v, bool):
+                continue
+            target = loss if "loss" in k else val if "loss" not in r or k.startswith("val") else None
+            if target is not None and k not in target:
+                target.append(k)
+    return loss, [k for k in val if "/" not in k] or val
 
 
 def plot_learning_curves(metrics_path: str, out_dir: str) -> dict[str, str]:

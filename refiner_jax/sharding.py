@@ -119,6 +119,10 @@ def normalize_rules(rules: Rules) -> tuple[tuple[str, Any], ...]:
         name, axes = entry
         if isinstance(axes, (list, tuple)):
             axes = tuple(axes) if len(axes) != 1 else axes[0]
+        unknown = {axes} if isinstance(axes, str) else set(axes or ())
+        if unknown - set(MESH_AXES):
+            raise ValueError(f"logical axis rule for {name!r} names mesh axes {sorted(unknown - set(MESH_AXES))}; "
+                             f"the mesh axes are {MESH_AXES}")
         out.append((str(name), axes))
     return tuple(out)
 
@@ -226,8 +230,9 @@ def check_batch_size(global_batch_size: int, mesh: Mesh, rules: Rules = DEFAULT_
 
 
 def host_batch_slice(global_batch_size: int) -> slice:
-    """Rows of a global batch that this process loads (process ``i`` of ``n`` reads the ``i``-th contiguous
-    ``global_batch_size // n`` rows), matching how ``make_global_batch`` assembles them."""
+    """Rows of a global batch that this process loads: process ``i`` of ``n`` reads the ``i``-th contiguous
+    ``global_batch_size // n`` rows and passes them to ``make_global_batch``. Where they land in the global array
+    follows the device placement; losses are sums over rows, so that order does not change a step."""
     per_host = global_batch_size // jax.process_count()
     start = jax.process_index() * per_host
     return slice(start, start + per_host)

@@ -94,6 +94,34 @@ def test_params_only_export_and_partial_restore(tmp_path):
     np.testing.assert_array_equal(got["encoder"]["kernel"], params["encoder"]["kernel"])
 
 
+def test_fresh_train_state_from_exported_params(tmp_path):
+    import flax.linen as nn
+
+    from refiner_jax import sharding as shd
+    from refiner_jax.models.t5 import T5, preset
+    from refiner_jax.training import make_optimizer, train_state_from_params
+
+    model = T5(preset("t5-tiny", num_layers=1))
+    init = lambda k: model.init(k, jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))["params"]  # noqa
+    abstract = nn.meta.unbox(jax.eval_shape(init, jax.random.key(0)))
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda a: rng.normal(size=a.shape).astype(np.float32), abstract)
+    export_params(tmp_path, params, {"model": "t5-tiny"})
+    loaded, _ = load_params(tmp_path)
+    tx, _ = make_optimizer({"name": "adamw"})
+    state, _ = train_state_from_params(loaded, init, tx, shd.make_mesh((1, 1, 1)))
+    assert int(state.step) == 0
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(a, b)
+    assert all(float(jnp.abs(m).max()) == 0.0 for m in jax.tree.leaves(state.opt_state[1][0].mu))
+    bad = dict(loaded, token_embedder=np.zeros((10, 128), np.float32))
+    with pytest.raises(ValueError, match=r"params\['token_embedder'\] has shape \(10, 128\)"):
+        train_state_from_params(bad, init, tx, shd.make_mesh((1, 1, 1)))
+    with pytest.raises(ValueError, match="params lack"):
+        train_state_from_params({k: v for k, v in loaded.items() if k != "decoder"}, init, tx,
+                                shd.make_mesh((1, 1, 1)))
+
+
 def test_epoch_order_is_a_resumable_permutation():
     order = EpochOrder(10, 3, seed=5)
     assert order.batches_per_epoch == 3

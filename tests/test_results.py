@@ -101,15 +101,15 @@ def test_write_results_files(tmp_path, capsys):
 
 def test_read_metrics_and_curve_keys(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    path.write_text('{"stage": "critic", "step": 50, "loss": 1.5, "tokens_per_s": 9.0}\n'
+    path.write_text('{"stage": "critic", "step": 50, "loss": 1.5, "accuracy": 0.7, "tokens_per_s": 9.0}\n'
                     'garbage\n'
                     '{"stage": "critic", "step": 100, "feedback_em": 0.5, "feedback_em/operator": 0.25}\n'
                     '{"step": 3}\n'
-                    '{"stage": "warmup", "step": 10, "loss": 2.0, "val_loss": 2.5, "equation_em": 0.1}\n')
+                    '{"stage": "warmup", "step": 10, "loss": 2.0, "val_loss": 2.5, "val_equation_em": 0.1}\n')
     by_stage = results_lib.read_metrics(str(path))
     assert {k: [r["step"] for r in v] for k, v in by_stage.items()} == {"critic": [50, 100], "warmup": [10]}
     assert results_lib._curve_keys(by_stage["critic"]) == (["loss"], ["feedback_em"])
-    assert results_lib._curve_keys(by_stage["warmup"]) == (["loss", "val_loss"], ["equation_em"])
+    assert results_lib._curve_keys(by_stage["warmup"]) == (["loss", "val_loss"], ["val_equation_em"])
 
 
 def test_training_summary_reads_done_files(tmp_path):

@@ -84,6 +84,8 @@ def test_normalize_rules_from_config_lists():
     assert rules == (("batch", ("data", "fsdp")), ("embed", "fsdp"), ("kv", None))
     with pytest.raises(ValueError, match="must be a pair"):
         shd.normalize_rules([("embed",)])
+    with pytest.raises(ValueError, match="'mlp' names mesh axes \\['model'\\]"):
+        shd.normalize_rules([("mlp", "model")])
 
 
 def test_host_batch_slices_partition_the_global_batch(monkeypatch):

@@ -16,11 +16,11 @@ A minimal loop (see ``refiner_jax.sharding`` for the mesh and ``refiner_jax.chec
 """
 from refiner_jax.training.data_order import EpochOrder
 from refiner_jax.training.optim import make_optimizer, make_schedule
-from refiner_jax.training.state import (TrainState, abstract_train_state, create_train_state, train_state_shardings,
-                                        with_shardings)
+from refiner_jax.training.state import (TrainState, abstract_train_state, create_train_state, train_state_from_params,
+                                        train_state_shardings, with_shardings)
 from refiner_jax.training.steps import (ShardedStep, make_eval_step, make_train_step, masked_cross_entropy,
                                         mean_metrics, seq2seq_loss)
 
 __all__ = ["EpochOrder", "ShardedStep", "TrainState", "abstract_train_state", "create_train_state", "make_eval_step",
            "make_optimizer", "make_schedule", "make_train_step", "masked_cross_entropy", "mean_metrics",
-           "seq2seq_loss", "train_state_shardings", "with_shardings"]
+           "seq2seq_loss", "train_state_from_params", "train_state_shardings", "with_shardings"]

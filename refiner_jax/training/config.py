@@ -34,9 +34,9 @@ def base_config() -> ml_collections.ConfigDict:
     # `preset` names the architecture; `checkpoint` (a transformers T5 directory or hub name) imports weights.
     c.model = ml_collections.ConfigDict({"preset": "t5-tiny", "checkpoint": "", "dropout_rate": 0.1,
                                          "dtype": "float32", "param_dtype": "float32", "remat": False})
-    # Token lengths (inputs are truncated, batches padded to buckets of `bucket` tokens).
+    # Token budgets: texts are truncated to them and batches padded to them (fixed shapes compile once).
     c.lengths = ml_collections.ConfigDict({"input": 96, "target": 48, "refine_input": 160, "critic_input": 128,
-                                           "feedback": 32, "bucket": 16})
+                                           "feedback": 32})
     c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
 
     # Stage 1: the critic, (x + hypothesis) -> feedback, on gold and perturbed hypotheses.
@@ -73,7 +73,6 @@ def use_paper_settings(c: ml_collections.ConfigDict, preset: str) -> None:
     c.lengths.critic_input = 320
     c.lengths.target = 64
     c.lengths.feedback = 64
-    c.lengths.bucket = 64
     for stage in (c.critic, c.warmup, c.refiner):
         stage.optimizer = _optimizer(1e-4)
         stage.optimizer.schedule = "linear"
@@ -103,12 +102,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
          f"{c.tokenizer.vocab_size} is too small for a subword vocabulary (bytes alone need 259); use >= 300")
     need(c.model.preset in PRESETS, "model.preset", f"unknown preset {c.model.preset!r}; use one of {sorted(PRESETS)}")
     need(0.0 <= c.model.dropout_rate < 1.0, "model.dropout_rate", "must be in [0, 1)")
-    for name in ("input", "target", "refine_input", "critic_input", "feedback", "bucket"):
-        need(int(c.lengths[name]) > 0, f"lengths.{name}", "must be a positive number of tokens")
     for name in ("input", "target", "refine_input", "critic_input", "feedback"):
-        need(int(c.lengths[name]) % int(c.lengths.bucket) == 0, f"lengths.{name}",
-             f"{c.lengths[name]} is not a multiple of lengths.bucket={c.lengths.bucket}; round it so batches "
-             "compile to a few shapes")
+        need(int(c.lengths[name]) > 0, f"lengths.{name}", "must be a positive number of tokens")
     for stage_name in ("critic", "warmup", "refiner"):
         stage = c[stage_name]
         need(stage.steps >= 0, f"{stage_name}.steps", "must be >= 0")

@@ -107,13 +107,15 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
     log = MetricsLog(workdir)
     lengths = config.lengths
     common = dict(workdir=workdir, model_config=model_config, tokenizer=tokenizer, mesh=mesh, seed=config.seed,
-                  bucket=lengths.bucket, checkpoint_every=config.checkpoint.every, keep=config.checkpoint.keep,
+                  checkpoint_every=config.checkpoint.every, keep=config.checkpoint.keep,
                   log=log, log_every=config.log_every)
     results: dict[str, Any] = {}
     timings: dict[str, float] = {}
 
-    def text_model(params, max_input, max_output, batch_size=128):
-        return TextModel(model_config, params, tokenizer, max_input, max_output, lengths.bucket, batch_size)
+    def text_model(params, max_input, max_output):
+        # Prompts padded to the full budget: one compiled sampler per (batch, budget) for the whole run.
+        return TextModel(model_config, params, tokenizer, max_input, max_output, bucket=max_input,
+                         batch_size=config.eval.batch_size)
 
     def run_stage(name, spec_fn, init_params=None):
         done = stage_done(workdir, name)

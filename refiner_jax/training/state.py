@@ -14,6 +14,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh
 
@@ -49,6 +50,15 @@ def _opt_state_shardings(abstract_opt_state: Any, abstract_params: Any, params_s
     return jax.tree_util.tree_map_with_path(one, abstract_opt_state)
 
 
+def _as_key(seed: int | jax.Array) -> jax.Array:
+    """A typed PRNG key from an int seed, a typed key, or a legacy uint32[2] key."""
+    if isinstance(seed, jax.Array) and jax.dtypes.issubdtype(seed.dtype, jax.dtypes.prng_key):
+        return seed
+    if isinstance(seed, (jax.Array, np.ndarray)) and seed.shape == (2,):
+        return jax.random.wrap_key_data(seed)
+    return jax.random.key(int(seed))
+
+
 def _make_state(init_params: InitParams, tx: optax.GradientTransformation) -> Callable[[jax.Array], TrainState]:
     def make(key: jax.Array) -> TrainState:
         params_key, state_key = jax.random.split(key)
@@ -58,28 +68,28 @@ def _make_state(init_params: InitParams, tx: optax.GradientTransformation) -> Ca
     return make
 
 
-def train_state_shardings(init_params: InitParams, tx: optax.GradientTransformation, mesh: Mesh,
-                          rules: shd.Rules = shd.DEFAULT_RULES) -> TrainState:
-    """A ``TrainState`` of ``NamedSharding``s: parameters from their logical names (``sharding.param_shardings``),
-    optimizer state following its parameters, step and rng replicated. Nothing is allocated."""
-    key = jax.random.key(0)
-    with shd.use_mesh(mesh, rules):
-        boxed = jax.eval_shape(init_params, key)
-        abstract = jax.eval_shape(_make_state(init_params, tx), key)
-    params_sh = shd.param_shardings(boxed, mesh, rules)
-    rep = shd.replicated(mesh)
-    return TrainState(step=rep, params=params_sh,
-                      opt_state=_opt_state_shardings(abstract.opt_state, abstract.params, params_sh, mesh), rng=rep)
-
-
 def abstract_train_state(init_params: InitParams, tx: optax.GradientTransformation, mesh: Mesh,
                          rules: shd.Rules = shd.DEFAULT_RULES) -> tuple[TrainState, TrainState]:
-    """``(abstract_state, shardings)``: ShapeDtypeStructs carrying the target shardings, the restore target for
-    ``checkpoint.Checkpointer.restore`` on any mesh."""
-    shardings = train_state_shardings(init_params, tx, mesh, rules)
+    """``(abstract_state, shardings)`` without allocating anything: ShapeDtypeStructs that carry their target
+    ``NamedSharding`` (the restore target for ``checkpoint.Checkpointer.restore`` on any mesh), and the matching
+    ``TrainState`` of shardings: parameters from their logical names (``sharding.param_shardings``), optimizer
+    state following its parameters, step and rng replicated."""
     with shd.use_mesh(mesh, rules):
-        abstract = jax.eval_shape(_make_state(init_params, tx), jax.random.key(0))
+        boxed = jax.eval_shape(init_params, jax.random.key(0))
+    params = nn.meta.unbox(boxed)
+    abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
+                          opt_state=jax.eval_shape(tx.init, params), rng=jax.eval_shape(jax.random.key, 0))
+    params_sh = shd.param_shardings(boxed, mesh, rules)
+    rep = shd.replicated(mesh)
+    shardings = TrainState(step=rep, params=params_sh, rng=rep,
+                           opt_state=_opt_state_shardings(abstract.opt_state, params, params_sh, mesh))
     return with_shardings(abstract, shardings), shardings
+
+
+def train_state_shardings(init_params: InitParams, tx: optax.GradientTransformation, mesh: Mesh,
+                          rules: shd.Rules = shd.DEFAULT_RULES) -> TrainState:
+    """The ``TrainState`` of ``NamedSharding``s of ``abstract_train_state``."""
+    return abstract_train_state(init_params, tx, mesh, rules)[1]
 
 
 def with_shardings(abstract: Any, shardings: Any) -> Any:
@@ -98,7 +108,39 @@ def create_train_state(init_params: InitParams, tx: optax.GradientTransformation
     the state's base rng; the values do not depend on the mesh.
     """
     shardings = train_state_shardings(init_params, tx, mesh, rules)
-    key = jax.random.key(seed) if isinstance(seed, int) else seed
+    key = _as_key(seed)
     with shd.use_mesh(mesh, rules):
         state = jax.jit(_make_state(init_params, tx), out_shardings=shardings)(key)
+    return state, shardings
+
+
+def train_state_from_params(params: Any, init_params: InitParams, tx: optax.GradientTransformation, mesh: Mesh,
+                            rules: shd.Rules = shd.DEFAULT_RULES, seed: int | jax.Array = 0
+                            ) -> tuple[TrainState, TrainState]:
+    """``(state, shardings)``: a fresh state (step 0, new optimizer state) around given parameters, e.g. a
+    converted pretrained checkpoint or a params-only export, placed with the model's logical shardings.
+
+    ``params`` must match the tree and shapes ``init_params`` produces; the first mismatch is reported by path. The
+    state's rng is the one ``create_train_state`` would give for the same ``seed``.
+    """
+    abstract, shardings = abstract_train_state(init_params, tx, mesh, rules)
+    want = dict(jax.tree_util.tree_flatten_with_path(abstract.params)[0])
+    got = dict(jax.tree_util.tree_flatten_with_path(params)[0])
+    for path in sorted(set(want) | set(got), key=jax.tree_util.keystr):
+        name = jax.tree_util.keystr(path)
+        if path not in got:
+            raise ValueError(f"params lack {name} (expected shape {want[path].shape})")
+        if path not in want:
+            raise ValueError(f"params have {name}, which the model does not define")
+        if tuple(np.shape(got[path])) != want[path].shape:
+            raise ValueError(f"params{name} has shape {tuple(np.shape(got[path]))}, the model expects "
+                             f"{want[path].shape}")
+    params = jax.tree.map(lambda x, a: jax.device_put(jnp.asarray(x, a.dtype), a.sharding), params, abstract.params)
+
+    def make(params: Any, key: jax.Array) -> TrainState:
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                          rng=jax.random.split(key)[1])
+
+    with shd.use_mesh(mesh, rules):
+        state = jax.jit(make, out_shardings=shardings)(params, _as_key(seed))
     return state, shardings
