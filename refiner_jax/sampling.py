@@ -32,7 +32,7 @@ Cache = Any
 TokensToLogits = Callable[[jax.Array, jax.Array, Cache], tuple[jax.Array, Cache]]
 
 _BLOCK = 128  # vocabulary block size of the two-level inverse-CDF draw in the full-vocabulary nucleus fallback
-_CANDIDATES = 8  # candidates per row and round of the rejection fallback
+_CANDIDATES = 15  # candidates per row and round of the rejection fallback (2**k - 1: k passes decide them)
 _MAX_ROUNDS = 256  # rejection rounds before a row keeps its bounded (max_top_k) draw; acceptance is >= top_p
 
 
@@ -189,14 +189,15 @@ def _sample_token(scaled, key, top_k, top_p, max_top_k):
 
 
 def _sample_nucleus_full(scaled, lse, top_p, key, fallback):
-    """Exact draw from the top-p nucleus of softmax(scaled) over the whole vocabulary, without sorting.
+    """Exact draw from the top-p nucleus of softmax(scaled) over the whole vocabulary, without sorting it.
 
     Rejection sampling: candidates are drawn from the full distribution and candidate x is accepted iff the
-    probability of the tokens strictly more likely than x is below top_p, which is exactly nucleus membership; the
-    first accepted candidate is distributed as the renormalised nucleus. Each round draws `_CANDIDATES` per row
-    (acceptance probability >= top_p each) and costs one fused pass over the vocabulary per candidate. Draws use a
-    two-level inverse CDF (block sums, then a scan inside the chosen block) instead of one Gumbel per token.
-    With top_p >= 1 every candidate is accepted (plain temperature sampling).
+    probability of the tokens more likely than x is below top_p, which is exactly nucleus membership; the first
+    accepted candidate is distributed as the renormalised nucleus. Membership is monotone in x's probability, so
+    each round sorts its `_CANDIDATES` (=15) candidates and binary-searches the boundary among them: 4 passes over the
+    vocabulary decide all of them. A candidate is accepted with probability >= top_p, so a second round is rare
+    (probability (1 - top_p)**15 per row). Draws use a two-level inverse CDF (block sums, then a scan inside the
+    chosen block) rather than one Gumbel per token. With top_p >= 1 every candidate is accepted.
     """
     n, vocab = scaled.shape
     probs = jnp.exp(scaled - lse[:, None])  # [n, vocab]
@@ -216,10 +217,25 @@ def _sample_nucleus_full(scaled, lse, top_p, key, fallback):
         offset = jnp.minimum(jnp.sum(inside_cum <= (u - start)[..., None], axis=-1), last)
         return block * _BLOCK + offset
 
-    def accept(candidates):  # [n, C] bool
-        value = jnp.take_along_axis(scaled, candidates, axis=-1)  # [n, C]
-        above = jnp.sum(jnp.where(scaled[:, None, :] > value[..., None], probs[:, None, :], 0.0), axis=-1)
-        return above < top_p
+    def mass_above(threshold):  # [n] -> [n]: probability of the tokens strictly more likely than `threshold`
+        return jnp.sum(jnp.where(probs > threshold[:, None], probs, 0.0), axis=-1)
+
+    def accept(candidates):  # [n, C] -> [n, C] bool
+        p = jnp.take_along_axis(probs, candidates, axis=-1)  # [n, C]
+        desc = -jnp.sort(-p, axis=-1)  # mass_above(desc[j]) grows with j
+        rows = jnp.arange(n)
+
+        def search(_, bounds):  # invariant: desc[lo - 1] accepted (lo=0: none known), desc[hi] rejected
+            lo, hi = bounds
+            mid = (lo + hi) // 2
+            ok = mass_above(desc[rows, jnp.minimum(mid, _CANDIDATES - 1)]) < top_p
+            return jnp.where(ok, mid + 1, lo), jnp.where(ok, hi, mid)
+
+        steps = int(np.ceil(np.log2(_CANDIDATES + 1)))
+        lo, _ = jax.lax.fori_loop(0, steps, search, (jnp.zeros(n, jnp.int32), jnp.full(n, _CANDIDATES, jnp.int32)))
+        # lo = number of accepted candidate values; accepted iff p >= the smallest accepted value.
+        smallest = desc[rows, jnp.maximum(lo - 1, 0)]
+        return (lo[:, None] > 0) & (p >= smallest[:, None])
 
     def body(state):
         round_, token, done = state

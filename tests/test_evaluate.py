@@ -7,7 +7,6 @@ ignores its rng: even problems stay unchanged, odd ones become "w{i}".
 """
 import json
 import os
-import random
 import re
 
 import numpy as np

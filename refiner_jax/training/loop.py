@@ -28,7 +28,7 @@ from refiner_jax.models.t5 import T5, T5Config
 from refiner_jax.tokenizers import Tokenizer
 from refiner_jax.training.data_order import EpochOrder
 from refiner_jax.training.optim import make_optimizer
-from refiner_jax.training.state import abstract_train_state, create_train_state
+from refiner_jax.training.state import abstract_train_state, create_train_state, train_state_from_params
 from refiner_jax.training.steps import make_train_step, seq2seq_loss
 
 Pairs = Sequence[tuple[str, str]]
@@ -105,9 +105,10 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config, tokeni
     def init_fn(key):
         return model.init(key, dummy, dummy)["params"]
 
-    state, shardings = create_train_state(init_fn, tx, mesh, seed=seed)
-    if init_params is not None:
-        state = state.replace(params=jax.device_put(init_params, shardings.params))
+    if init_params is None:
+        state, shardings = create_train_state(init_fn, tx, mesh, seed=seed)
+    else:
+        state, shardings = train_state_from_params(init_params, init_fn, tx, mesh, seed=seed)
     train_step = make_train_step(seq2seq_loss(model.apply), tx, mesh, shardings,
                                  num_microbatches=stage.microbatches, schedule=schedule)
     order = EpochOrder(spec.num_examples, stage.batch_size, seed=seed)
