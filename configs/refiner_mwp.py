@@ -19,7 +19,10 @@ def get_config(arg: str | None = None):
     elif variant == "svamp":
         config.task.data_dir = "../shared/data/svamp/mawps-asdiv-a_svamp"
         config.lengths.input = 128
+        config.lengths.target = 48
         config.lengths.refine_input = 192
+        config.lengths.critic_input = 160
+        config.lengths.feedback = 32
         config.critic.steps = 3000
         config.warmup.steps = 3000
         config.refiner.steps = 1500

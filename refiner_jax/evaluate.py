@@ -323,13 +323,15 @@ def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples:
     examples = examples[:int(limit)] if limit else examples
     tokenizer = run.tokenizer()
     lengths = run.lengths
+    # Prompts padded to the full budget: each model compiles its sampler once for the whole evaluation.
     generator = refine.load_text_model(generator_dir, tokenizer, lengths["refine_input"], lengths["target"],
-                                       lengths["bucket"], batch_size)
+                                       lengths["refine_input"], batch_size)
     critic = None
     critic_dir = os.path.join(workdir, "critic")
     if os.path.isdir(os.path.join(critic_dir, "export")):
         critic = refine.ModelCritic(refine.load_text_model(critic_dir, tokenizer, lengths["critic_input"],
-                                                           lengths["feedback"], lengths["bucket"], batch_size), task)
+                                                           lengths["feedback"], lengths["critic_input"], batch_size),
+                                    task)
     else:
         print(f"[eval] {critic_dir}/export not found: the trained-critic rows are left out")
 

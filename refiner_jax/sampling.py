@@ -5,21 +5,22 @@ and serves the T5 decoder (`sample_t5`), a decoder-only LM (its prompt is teache
 any other model. Decoding modes: greedy (temperature 0), temperature, top-k, top-p (nucleus), and top-k with top-p;
 min/max new tokens; every sequence stops at EOS and the loop exits once all have.
 
-Temperature, top-k, top-p and min_new_tokens are traced values: changing them never recompiles. Top-k and the
-nucleus are found inside `lax.top_k(logits, max_top_k)` (a static bound, default 64), never by sorting the
-vocabulary:
-  * top_k is clamped to max_top_k (`sample_t5` raises instead when top_k is a Python int above the bound);
-  * top-p is exact either way: when the nucleus fits in the max_top_k most likely tokens it is sampled there;
-    otherwise that row falls back to rejection sampling over the whole vocabulary (`_sample_nucleus_full`),
-    which costs a few passes over the vocabulary per step instead of a sort.
-Ties at the nucleus boundary are all kept.
+Temperature, top-k, top-p and min_new_tokens are traced values: changing them never recompiles. Nothing sorts
+the vocabulary (an XLA:CPU sort of a 32k vocabulary costs more than a T5-small decoder step):
+  * top-k uses `lax.top_k(logits, max_top_k)` with a static bound (default 64); top_k is clamped to it
+    (`sample` and `sample_t5` raise when top_k is a Python int above the bound). With top_k > 0 the nucleus is
+    taken inside the renormalised top-k set, so it always fits the bound and is exact.
+  * top-p alone (top_k = 0) is exact for any nucleus size: rejection sampling from the full distribution with an
+    exact membership test (`_sample_nucleus`), about 8 passes over the logits per step. It is as cheap as
+    `lax.top_k` with k = 64 on peaked distributions and much cheaper than a top_k bound large enough for the
+    nuclei of flat ones (a random-weight T5-small's top-0.5 nucleus holds ~5,000 tokens).
+  Ties at the nucleus boundary are all kept; the top token is always kept.
 
 Returned log-probs are the model's own (log_softmax of the raw logits), not those of the temperature / top-k /
 top-p / min-length modified distribution: they are what reranking, scoring and RL need.
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, Sequence
 
 import flax
@@ -31,9 +32,9 @@ Cache = Any
 # (tokens [n] int32, index scalar int32, cache) -> (logits [n, vocab], cache)
 TokensToLogits = Callable[[jax.Array, jax.Array, Cache], tuple[jax.Array, Cache]]
 
-_BLOCK = 128  # vocabulary block size of the two-level inverse-CDF draw in the full-vocabulary nucleus fallback
-_CANDIDATES = 15  # candidates per row and round of the rejection fallback (2**k - 1: k passes decide them)
-_MAX_ROUNDS = 256  # rejection rounds before a row keeps its bounded (max_top_k) draw; acceptance is >= top_p
+_BLOCK = 128  # vocabulary block size of the two-level inverse-CDF draw of `_sample_nucleus`
+_CANDIDATES = 15  # candidates per row and round of `_sample_nucleus` (2**k - 1: k passes decide them)
+_MAX_ROUNDS = 64  # rejection rounds before an undecided row takes the most likely token
 
 
 @flax.struct.dataclass
@@ -72,12 +73,12 @@ def sample(tokens_to_logits: TokensToLogits, cache: Cache, prompt: jax.Array, rn
       max_new_tokens: static length of the output.
       prompt_lengths: `[n]` int32 (each >= 1) valid prompt tokens per row; None means all P.
       temperature: 0 means greedy (argmax); otherwise logits are divided by it before top-k / top-p.
-      top_k: 0 disables; else keep the k most likely tokens (clamped to max_top_k).
+      top_k: 0 disables; else keep the k most likely tokens (at most max_top_k).
       top_p: 1 disables; else keep the smallest most-likely set whose probability reaches top_p (the top token is
         always kept). With top_k > 0 the nucleus is taken within the renormalised top-k set.
       min_new_tokens: EOS cannot be among the first `min_new_tokens` generated tokens.
       eos_id, pad_id: end and padding token ids.
-      max_top_k: static bound of the top-k / nucleus search (see the module docstring).
+      max_top_k: static bound of top_k (see the module docstring).
 
     Returns:
       SampleOutput with `[n, ...]` leaves.
@@ -152,63 +153,62 @@ def _check_top_k(top_k, max_top_k: int) -> None:
 def _next_token(logits, key, allow_eos, *, temperature, top_k, top_p, eos_id, max_top_k):
     """Next token `[n]` and its model log-prob `[n]` from raw logits `[n, vocab]`."""
     vocab = logits.shape[-1]
-    is_eos = jnp.arange(vocab) == eos_id
-    masked = jnp.where(is_eos & ~allow_eos[:, None], -jnp.inf, logits)  # [n, vocab]
-    token = jax.lax.cond(
-        temperature > 0,
-        lambda: _sample_token(masked / temperature, key, top_k, top_p, max_top_k),
-        lambda: jnp.argmax(masked, axis=-1).astype(jnp.int32))
+    banned = (jnp.arange(vocab) == eos_id) & ~allow_eos[:, None]  # [n, vocab]; applied inside each branch so
+    # that XLA fuses it into the branch's first pass instead of materialising a masked copy of the logits.
+
+    def sampled():
+        scaled = jnp.where(banned, -jnp.inf, logits / temperature)
+        return jax.lax.cond(top_k > 0, lambda: _sample_top_k(scaled, key, top_k, top_p, max_top_k),
+                            lambda: _sample_nucleus(scaled, key, top_p))
+
+    def greedy():
+        return jnp.argmax(jnp.where(banned, -jnp.inf, logits), axis=-1).astype(jnp.int32)
+
+    # An empty nucleus (top_p <= 0) keeps only the most likely token, like temperature 0.
+    token = jax.lax.cond((temperature > 0) & (top_p > 0), sampled, greedy)
     chosen = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
     return token, chosen - jax.nn.logsumexp(logits, axis=-1)
 
 
-def _sample_token(scaled, key, top_k, top_p, max_top_k):
-    """Draw from softmax(scaled) `[n, vocab]` restricted to top-k, then to the top-p nucleus."""
-    n, vocab = scaled.shape
-    bound = min(max_top_k, vocab)
-    key_bounded, key_full = jax.random.split(key)
+def _sample_top_k(scaled, key, top_k, top_p, max_top_k):
+    """Draw from softmax(scaled) `[n, vocab]` restricted to the top_k (<= max_top_k) most likely tokens, then to
+    the top-p nucleus of that renormalised set; exact, found by `lax.top_k` with the static bound."""
+    bound = min(max_top_k, scaled.shape[-1])
     values, indices = jax.lax.top_k(scaled, bound)  # [n, bound] descending
     rank = jnp.arange(bound)
-    use_k = top_k > 0
-    in_k = ~use_k | (rank < top_k)  # [bound]
-    lse_full = jax.nn.logsumexp(scaled, axis=-1) if bound < vocab else jax.nn.logsumexp(values, axis=-1)
-    lse_k = jax.nn.logsumexp(jnp.where(in_k, values, -jnp.inf), axis=-1)
-    lse = jnp.where(use_k, lse_k, lse_full)  # [n] normaliser of the distribution the nucleus is taken from
-    probs = jnp.where(in_k, jnp.exp(values - lse[:, None]), 0.0)  # [n, bound]
+    in_k = rank < top_k
+    values = jnp.where(in_k, values, -jnp.inf)
+    probs = jax.nn.softmax(values, axis=-1)  # [n, bound]
     before = jnp.cumsum(probs, axis=-1) - probs  # probability of the more likely tokens
-    keep = in_k & ((before < top_p) | (top_p >= 1) | (rank == 0))
-    pick = jax.random.categorical(key_bounded, jnp.where(keep, values, -jnp.inf))  # [n]
-    token = jnp.take_along_axis(indices, pick[:, None], axis=-1)[:, 0].astype(jnp.int32)
-    if bound == vocab:
-        return token
-    # The bounded draw is exact when top-k is active or the nucleus lies inside the bound.
-    fits = use_k | ((top_p < 1) & (probs.sum(-1) >= top_p))  # [n]
-    return jax.lax.cond(
-        jnp.all(fits), lambda: token,
-        lambda: jnp.where(fits, token, _sample_nucleus_full(scaled, lse_full, top_p, key_full, fallback=token)))
+    keep = in_k & ((before < top_p) | (rank == 0))
+    pick = jax.random.categorical(key, jnp.where(keep, values, -jnp.inf))  # [n]
+    return jnp.take_along_axis(indices, pick[:, None], axis=-1)[:, 0].astype(jnp.int32)
 
 
-def _sample_nucleus_full(scaled, lse, top_p, key, fallback):
-    """Exact draw from the top-p nucleus of softmax(scaled) over the whole vocabulary, without sorting it.
+def _sample_nucleus(scaled, key, top_p):
+    """Exact draw from the top-p nucleus of softmax(scaled) `[n, vocab]` (all of it when top_p >= 1), no sort.
 
     Rejection sampling: candidates are drawn from the full distribution and candidate x is accepted iff the
     probability of the tokens more likely than x is below top_p, which is exactly nucleus membership; the first
     accepted candidate is distributed as the renormalised nucleus. Membership is monotone in x's probability, so
-    each round sorts its `_CANDIDATES` (=15) candidates and binary-searches the boundary among them: 4 passes over the
-    vocabulary decide all of them. A candidate is accepted with probability >= top_p, so a second round is rare
-    (probability (1 - top_p)**15 per row). Draws use a two-level inverse CDF (block sums, then a scan inside the
-    chosen block) rather than one Gumbel per token. With top_p >= 1 every candidate is accepted.
+    each round sorts its `_CANDIDATES` (15) candidates and binary-searches the boundary among them: 4 passes over
+    the vocabulary decide all 15. Each candidate is accepted with probability >= max(top_p, p_max), so a second
+    round is rare ((1 - top_p)**15 per row). Draws use a two-level inverse CDF (block sums, then a scan inside the
+    chosen block) rather than one Gumbel variate per vocabulary entry. Cost: about 8 passes over the logits,
+    whatever the nucleus size; `lax.top_k` alone costs more.
     """
     n, vocab = scaled.shape
-    probs = jnp.exp(scaled - lse[:, None])  # [n, vocab]
+    weights = jnp.exp(scaled - jnp.max(scaled, axis=-1, keepdims=True))  # [n, vocab] unnormalised probabilities
     num_blocks = -(-vocab // _BLOCK)
-    blocks = jnp.pad(probs, ((0, 0), (0, num_blocks * _BLOCK - vocab))).reshape(n, num_blocks, _BLOCK)
+    blocks = jnp.pad(weights, ((0, 0), (0, num_blocks * _BLOCK - vocab))).reshape(n, num_blocks, _BLOCK)
     block_mass = blocks.sum(-1)  # [n, blocks]
     block_cum = jnp.cumsum(block_mass, axis=-1)
+    total = block_cum[:, -1]  # [n]
     last_block = num_blocks - 1 - jnp.argmax((block_mass > 0)[:, ::-1], axis=-1)  # [n] last block with mass
+    rows = jnp.arange(n)
 
-    def draw(round_key):  # -> [n, C] candidate token ids
-        u = jax.random.uniform(round_key, (n, _CANDIDATES)) * block_cum[:, -1:]  # [n, C]
+    def draw(round_key):  # -> [n, C] candidate token ids, each distributed as softmax(scaled)
+        u = jax.random.uniform(round_key, (n, _CANDIDATES)) * total[:, None]  # [n, C]
         block = jnp.minimum(jnp.sum(block_cum[:, None, :] <= u[..., None], axis=-1), last_block[:, None])
         start = jnp.where(block > 0, jnp.take_along_axis(block_cum, jnp.maximum(block - 1, 0), axis=-1), 0.0)
         inside = jnp.take_along_axis(blocks, block[..., None], axis=1)  # [n, C, block]
@@ -217,40 +217,40 @@ def _sample_nucleus_full(scaled, lse, top_p, key, fallback):
         offset = jnp.minimum(jnp.sum(inside_cum <= (u - start)[..., None], axis=-1), last)
         return block * _BLOCK + offset
 
-    def mass_above(threshold):  # [n] -> [n]: probability of the tokens strictly more likely than `threshold`
-        return jnp.sum(jnp.where(probs > threshold[:, None], probs, 0.0), axis=-1)
-
     def accept(candidates):  # [n, C] -> [n, C] bool
-        p = jnp.take_along_axis(probs, candidates, axis=-1)  # [n, C]
-        desc = -jnp.sort(-p, axis=-1)  # mass_above(desc[j]) grows with j
-        rows = jnp.arange(n)
+        w = jnp.take_along_axis(weights, candidates, axis=-1)  # [n, C]
+        desc = -jnp.sort(-w, axis=-1)  # the mass above desc[:, j] grows with j
+        limit = top_p * total
 
-        def search(_, bounds):  # invariant: desc[lo - 1] accepted (lo=0: none known), desc[hi] rejected
+        def search(_, bounds):  # invariant: desc[lo - 1] accepted (lo = 0: none yet), desc[hi] rejected
             lo, hi = bounds
             mid = (lo + hi) // 2
-            ok = mass_above(desc[rows, jnp.minimum(mid, _CANDIDATES - 1)]) < top_p
+            threshold = desc[rows, jnp.minimum(mid, _CANDIDATES - 1)]
+            ok = jnp.sum(jnp.where(weights > threshold[:, None], weights, 0.0), axis=-1) < limit
             return jnp.where(ok, mid + 1, lo), jnp.where(ok, hi, mid)
 
         steps = int(np.ceil(np.log2(_CANDIDATES + 1)))
         lo, _ = jax.lax.fori_loop(0, steps, search, (jnp.zeros(n, jnp.int32), jnp.full(n, _CANDIDATES, jnp.int32)))
-        # lo = number of accepted candidate values; accepted iff p >= the smallest accepted value.
-        smallest = desc[rows, jnp.maximum(lo - 1, 0)]
-        return (lo[:, None] > 0) & (p >= smallest[:, None])
+        smallest = desc[rows, jnp.maximum(lo - 1, 0)]  # lo = number of accepted candidate values
+        return (lo[:, None] > 0) & (w >= smallest[:, None])
 
     def body(state):
         round_, token, done = state
         candidates = draw(jax.random.fold_in(key, round_))
         ok = jax.lax.cond(top_p < 1, accept, lambda c: jnp.ones(c.shape, bool), candidates)  # [n, C]
-        first = jnp.argmax(ok, axis=-1)
         found = ok.any(-1) & ~done
-        token = jnp.where(found, jnp.take_along_axis(candidates, first[:, None], axis=-1)[:, 0], token)
-        return round_ + 1, token, done | found
+        first = jnp.take_along_axis(candidates, jnp.argmax(ok, axis=-1)[:, None], axis=-1)[:, 0]
+        return round_ + 1, jnp.where(found, first, token), done | found
 
     def cond(state):
         round_, _, done = state
         return (round_ < _MAX_ROUNDS) & ~jnp.all(done)
 
-    _, token, _ = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), fallback, jnp.zeros((n,), bool)))
+    init = (jnp.zeros((), jnp.int32), jnp.zeros((n,), jnp.int32), jnp.zeros((n,), bool))
+    _, token, done = jax.lax.while_loop(cond, body, init)
+    # Rows still undecided (tiny top_p on a flat distribution): the most likely token, always in the nucleus.
+    token = jax.lax.cond(jnp.all(done), lambda: token,
+                         lambda: jnp.where(done, token, jnp.argmax(scaled, axis=-1).astype(jnp.int32)))
     return token.astype(jnp.int32)
 
 

@@ -142,28 +142,19 @@ def _draw_tokens(logits, key, temperature, top_k, top_p):
                            temperature=temperature, top_k=top_k, top_p=top_p, eos_id=-1).tokens[:, 0]
 
 
-@jax.jit
-def _draw_tokens_bound_2(logits, key, temperature, top_k, top_p):
-    model = lambda t, i, c: (jnp.broadcast_to(logits, (t.shape[0], logits.shape[0])), c)  # noqa: E731
-    return sampling.sample(model, None, jnp.zeros((DRAWS, 1), jnp.int32), key, max_new_tokens=1,
-                           temperature=temperature, top_k=top_k, top_p=top_p, eos_id=-1, max_top_k=2).tokens[:, 0]
-
-
-@pytest.mark.parametrize("temperature,top_k,top_p,bound", [
-    (1.0, 0, 0.7, 64),  # nucleus (4 tokens) inside the bound
-    (1.0, 0, 0.7, 2),  # nucleus larger than the bound: exact full-vocabulary fallback
-    (1.0, 0, 0.95, 64),  # nucleus of ~200 tokens ending inside the tail: fallback, boundary at a distinct prob
-    (2.0, 0, 0.9, 64),  # temperature before top-p
-    (1.0, 3, 1.0, 64),  # top-k
-    (1.0, 3, 0.6, 64),  # top-p within the renormalised top-k
-    (0.5, 0, 1.0, 64),  # temperature alone: the full-vocabulary draw
+@pytest.mark.parametrize("temperature,top_k,top_p", [
+    (1.0, 0, 0.7),  # nucleus of 4 tokens
+    (1.0, 0, 0.95),  # nucleus of ~200 tokens ending inside the tail, at a distinct probability
+    (2.0, 0, 0.9),  # temperature before top-p
+    (1.0, 3, 1.0),  # top-k
+    (1.0, 3, 0.6),  # top-p within the renormalised top-k
+    (0.5, 0, 1.0),  # temperature alone
 ])
-def test_sampling_distribution_matches_sort_reference(temperature, top_k, top_p, bound):
+def test_sampling_distribution_matches_sort_reference(temperature, top_k, top_p):
     from scipy import stats
 
-    draw = _draw_tokens if bound == 64 else _draw_tokens_bound_2
-    tokens = np.asarray(draw(jnp.log(jnp.asarray(PROBS, jnp.float32)), jax.random.key(7), temperature, top_k,
-                             top_p))
+    tokens = np.asarray(_draw_tokens(jnp.log(jnp.asarray(PROBS, jnp.float32)), jax.random.key(7), temperature,
+                                     top_k, top_p))
     expected = _reference(PROBS, temperature, top_k, top_p)
     counts = np.bincount(tokens, minlength=PROBS.size)
     assert counts[expected == 0].sum() == 0, "sampled a token outside the top-k / nucleus set"

@@ -35,23 +35,23 @@ def base_config() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict({"preset": "t5-tiny", "checkpoint": "", "dropout_rate": 0.1,
                                          "dtype": "float32", "param_dtype": "float32", "remat": False})
     # Token budgets: texts are truncated to them and batches padded to them (fixed shapes compile once).
-    c.lengths = ml_collections.ConfigDict({"input": 96, "target": 48, "refine_input": 160, "critic_input": 128,
-                                           "feedback": 32})
+    c.lengths = ml_collections.ConfigDict({"input": 56, "target": 24, "refine_input": 96, "critic_input": 80,
+                                           "feedback": 16})
     c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
 
     # Stage 1: the critic, (x + hypothesis) -> feedback, on gold and perturbed hypotheses.
     c.critic = ml_collections.ConfigDict({
-        "steps": 1200, "batch_size": 64, "microbatches": 1, "optimizer": _optimizer(2e-3), "eval_every": 400,
-        "eval_examples": 600})
+        "steps": 600, "batch_size": 64, "microbatches": 1, "optimizer": _optimizer(2e-3), "eval_every": 300,
+        "eval_examples": 300})
     # Stage 2: generator warm-up, x -> z on a fraction of train (the paper: 10%; 1.0 = all of it).
     c.warmup = ml_collections.ConfigDict({
-        "fraction": 1.0, "steps": 1200, "batch_size": 64, "microbatches": 1, "optimizer": _optimizer(2e-3), "eval_every": 400,
-        "eval_examples": 300})
+        "fraction": 1.0, "steps": 600, "batch_size": 64, "microbatches": 1, "optimizer": _optimizer(2e-3),
+        "eval_every": 300, "eval_examples": 300})
     # Stage 3: the REFINER loop (generator initialised from the warm-up).
     c.refiner = ml_collections.ConfigDict({
         "turns": 3, "samples": 3, "top_p": 0.5, "temperature": 1.0, "selection": "random",
-        "template": DEFAULT_REFINE_TEMPLATE, "feedback_noise": 0.0, "steps": 400, "batch_size": 32,
-        "microbatches": 1, "optimizer": _optimizer(1e-3), "eval_every": 200, "eval_examples": 300})
+        "template": DEFAULT_REFINE_TEMPLATE, "feedback_noise": 0.0, "steps": 200, "batch_size": 32,
+        "microbatches": 1, "optimizer": _optimizer(1e-3), "eval_every": 100, "eval_examples": 300})
     # Stage 4: evaluation of generator alone / + critic / + oracle, and the noisy-critic study.
     c.eval = ml_collections.ConfigDict({
         "examples": 1000, "turns": 3, "batch_size": 128, "noise_levels": (0.0, 0.25, 0.5, 0.75, 1.0),

@@ -161,13 +161,19 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
         run_stage("refiner", refiner_spec, warm_params)  # the loop starts from the warmed-up generator
     else:
         results["refiner"] = stage_done(workdir, "refiner")
-    if "eval" in stages:
-        from refiner_jax import evaluate
+    results["eval"] = stage_done(workdir, "eval")
+    if "eval" in stages and results["eval"] is None:
+        from refiner_jax import evaluate, results as results_lib
 
         start = time.time()
-        results["eval"] = evaluate.evaluate_run(workdir, json.loads(config.to_json()),
-                                                max_examples=config.eval.examples)
+        evaluation = evaluate.evaluate_run(workdir, json.loads(config.to_json()), max_examples=config.eval.examples,
+                                           out_dir=workdir)
         timings["eval"] = time.time() - start
+        results["eval"] = {"rows": evaluation["rows"], "seconds": timings["eval"]}
+        os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
+        with open(os.path.join(workdir, "eval", "DONE"), "w", encoding="utf-8") as f:
+            json.dump(results["eval"], f, indent=2, default=float)
+        results_lib.print_results(os.path.join(workdir, "results.json"))
     log.close()
     with open(os.path.join(workdir, "timings.json"), "a", encoding="utf-8") as f:
         f.write(json.dumps(timings) + "\n")
