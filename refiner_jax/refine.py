@@ -10,17 +10,19 @@ length buckets so the jitted sampler compiles a handful of times per run). Criti
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import random
 from typing import Any, Callable, Protocol, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax import sampling
-from refiner_jax.models.t5 import T5Config
+from refiner_jax.models.t5 import PAD_ID, T5, T5Config, shift_right
 from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, refine_input
 from refiner_jax.tokenizers import Tokenizer, load_tokenizer
 
@@ -61,6 +63,26 @@ class TextModel:
     def greedy(self, texts: Sequence[str]) -> list[str]:
         return [s[0] for s in self.generate(texts)]
 
+    def score(self, texts: Sequence[str], targets: Sequence[str]) -> np.ndarray:
+        """Model log-probability of each target (EOS included) given its text, `[len(texts)]` (teacher-forced)."""
+        out = []
+        for start in range(0, len(texts), self.batch_size):
+            chunk = slice(start, start + self.batch_size)
+            n = len(texts[chunk])
+            pad = [""] * (self.batch_size - n)
+            inputs = self.tokenizer.encode_batch(list(texts[chunk]) + pad, self.max_input, pad_to=self.bucket)
+            outputs = self.tokenizer.encode_batch(list(targets[chunk]) + pad, self.max_output,
+                                                  pad_to=self.max_output)
+            out.append(np.asarray(_sequence_log_probs(self.params, inputs, outputs, config=self.config))[:n])
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _sequence_log_probs(params, inputs, targets, *, config: T5Config):
+    logits = T5(config).apply({"params": params}, inputs, shift_right(targets))  # [batch, len, vocab]
+    token = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
+    return jnp.sum(jnp.where(targets != PAD_ID, token, 0.0), axis=-1)  # [batch]
+
 
 def load_text_model(stage_dir: str, tokenizer: Tokenizer, max_input: int, max_output: int, bucket: int = 16,
                     batch_size: int = 64) -> TextModel:
@@ -82,13 +104,26 @@ class Critic(Protocol):
 
 @dataclasses.dataclass
 class ModelCritic:
-    """A trained critic: greedy feedback from (problem + hypothesis)."""
+    """A trained critic: greedy feedback from (problem + hypothesis).
+
+    With `prefer_no_hint` the greedy feedback is replaced by "No hint" whenever the critic gives "No hint" at
+    least the probability of its greedy sentence. Greedy decoding commits to the first token, and every error
+    sentence starts alike ("The ..."), so their summed mass can win the first step although "No hint" is the most
+    likely whole answer; comparing complete sequences removes that bias.
+    """
 
     model: TextModel
     task: Task
+    prefer_no_hint: bool = True
 
     def feedback(self, examples, hypotheses):
-        return self.model.greedy([self.task.critic_input(ex, h) for ex, h in zip(examples, hypotheses)])
+        inputs = [self.task.critic_input(ex, h) for ex, h in zip(examples, hypotheses)]
+        out = self.model.greedy(inputs)
+        if self.prefer_no_hint and out:
+            greedy_lp = self.model.score(inputs, out)
+            no_hint_lp = self.model.score(inputs, [NO_HINT] * len(inputs))
+            out = [NO_HINT if n >= g else f for f, g, n in zip(out, greedy_lp, no_hint_lp)]
+        return out
 
     @classmethod
     def load(cls, workdir: str, task: Task | None = None) -> "ModelCritic":

@@ -32,7 +32,7 @@ Cache = Any
 # (tokens [n] int32, index scalar int32, cache) -> (logits [n, vocab], cache)
 TokensToLogits = Callable[[jax.Array, jax.Array, Cache], tuple[jax.Array, Cache]]
 
-_BLOCK = 128  # vocabulary block size of the two-level inverse-CDF draw of `_sample_nucleus`
+_BLOCK = 32  # vocabulary block size of `_argmax` and of `_sample_nucleus`'s two-level draw (measured best)
 _CANDIDATES = 15  # candidates per row and round of `_sample_nucleus` (2**k - 1: k passes decide them)
 _MAX_ROUNDS = 64  # rejection rounds before an undecided row takes the most likely token
 
@@ -162,12 +162,24 @@ def _next_token(logits, key, allow_eos, *, temperature, top_k, top_p, eos_id, ma
                             lambda: _sample_nucleus(scaled, key, top_p))
 
     def greedy():
-        return jnp.argmax(jnp.where(banned, -jnp.inf, logits), axis=-1).astype(jnp.int32)
+        return _argmax(jnp.where(banned, -jnp.inf, logits))
 
     # An empty nucleus (top_p <= 0) keeps only the most likely token, like temperature 0.
     token = jax.lax.cond((temperature > 0) & (top_p > 0), sampled, greedy)
     chosen = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
     return token, chosen - jax.nn.logsumexp(logits, axis=-1)
+
+
+def _argmax(x):
+    """First index of the maximum of each row of `x` [n, vocab] -> [n] int32. A block maximum, then an argmax
+    inside the winning block: 8x faster than `jnp.argmax` (a variadic reduce) on a 32k vocabulary on XLA:CPU."""
+    n, vocab = x.shape
+    num_blocks = -(-vocab // _BLOCK)
+    blocks = jnp.pad(x, ((0, 0), (0, num_blocks * _BLOCK - vocab)), constant_values=-jnp.inf)
+    blocks = blocks.reshape(n, num_blocks, _BLOCK)
+    block = jnp.argmax(jnp.max(blocks, axis=-1), axis=-1)  # [n]
+    inside = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]  # [n, block]
+    return (block * _BLOCK + jnp.argmax(inside, axis=-1)).astype(jnp.int32)
 
 
 def _sample_top_k(scaled, key, top_k, top_p, max_top_k):
@@ -202,7 +214,7 @@ def _sample_nucleus(scaled, key, top_p):
     num_blocks = -(-vocab // _BLOCK)
     blocks = jnp.pad(weights, ((0, 0), (0, num_blocks * _BLOCK - vocab))).reshape(n, num_blocks, _BLOCK)
     block_mass = blocks.sum(-1)  # [n, blocks]
-    block_cum = jnp.cumsum(block_mass, axis=-1)
+    block_cum = jax.lax.associative_scan(jnp.add, block_mass, axis=-1)  # jnp.cumsum is quadratic on XLA:CPU
     total = block_cum[:, -1]  # [n]
     last_block = num_blocks - 1 - jnp.argmax((block_mass > 0)[:, ::-1], axis=-1)  # [n] last block with mass
     rows = jnp.arange(n)
@@ -250,7 +262,7 @@ def _sample_nucleus(scaled, key, top_p):
     _, token, done = jax.lax.while_loop(cond, body, init)
     # Rows still undecided (tiny top_p on a flat distribution): the most likely token, always in the nucleus.
     token = jax.lax.cond(jnp.all(done), lambda: token,
-                         lambda: jnp.where(done, token, jnp.argmax(scaled, axis=-1).astype(jnp.int32)))
+                         lambda: jnp.where(done, token, _argmax(scaled)))
     return token.astype(jnp.int32)
 
 

@@ -41,17 +41,17 @@ def base_config() -> ml_collections.ConfigDict:
 
     # Stage 1: the critic, (x + hypothesis) -> feedback, on gold and perturbed hypotheses.
     c.critic = ml_collections.ConfigDict({
-        "steps": 600, "batch_size": 64, "microbatches": 1, "optimizer": _optimizer(2e-3), "eval_every": 300,
+        "steps": 500, "batch_size": 32, "microbatches": 1, "optimizer": _optimizer(2e-3), "eval_every": 250,
         "eval_examples": 300})
     # Stage 2: generator warm-up, x -> z on a fraction of train (the paper: 10%; 1.0 = all of it).
     c.warmup = ml_collections.ConfigDict({
-        "fraction": 1.0, "steps": 600, "batch_size": 64, "microbatches": 1, "optimizer": _optimizer(2e-3),
-        "eval_every": 300, "eval_examples": 300})
+        "fraction": 1.0, "steps": 500, "batch_size": 32, "microbatches": 1, "optimizer": _optimizer(2e-3),
+        "eval_every": 250, "eval_examples": 300})
     # Stage 3: the REFINER loop (generator initialised from the warm-up).
     c.refiner = ml_collections.ConfigDict({
         "turns": 3, "samples": 3, "top_p": 0.5, "temperature": 1.0, "selection": "random",
-        "template": DEFAULT_REFINE_TEMPLATE, "feedback_noise": 0.0, "steps": 200, "batch_size": 32,
-        "microbatches": 1, "optimizer": _optimizer(1e-3), "eval_every": 100, "eval_examples": 300})
+        "template": DEFAULT_REFINE_TEMPLATE, "feedback_noise": 0.0, "steps": 150, "batch_size": 16,
+        "microbatches": 1, "optimizer": _optimizer(1e-3), "eval_every": 75, "eval_examples": 300})
     # Stage 4: evaluation of generator alone / + critic / + oracle, and the noisy-critic study.
     c.eval = ml_collections.ConfigDict({
         "examples": 1000, "turns": 3, "batch_size": 128, "noise_levels": (0.0, 0.25, 0.5, 0.75, 1.0),

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from refiner_jax.refine import TextModel
+from refiner_jax.refine import ModelCritic, TextModel
 from refiner_jax.tasks.base import Example, Task, feedback_matches, refine_input
 
 
@@ -49,7 +49,7 @@ def critic_eval_set(task: Task, examples: Sequence[Example], seed: int) -> list[
 
 def critic_metrics(task: Task, critic: TextModel, eval_set) -> dict[str, float]:
     """Feedback exact match (order-insensitive over sentences), overall and per error type of the gold feedback."""
-    predictions = critic.greedy([task.critic_input(ex, h) for ex, h, _ in eval_set])
+    predictions = ModelCritic(critic, task).feedback([ex for ex, _, _ in eval_set], [h for _, h, _ in eval_set])
     hits: dict[str, list[bool]] = {}
     for pred, (_, _, gold) in zip(predictions, eval_set):
         ok = feedback_matches(pred, gold.text)
