@@ -281,6 +281,9 @@ class _MWPFakeModel:
                 "subtract", "multiply").replace("divide", "multiply") + " | #9: add ( number0, number0 )")
         return out
 
+    def score(self, texts, targets):  # every target equally likely: the critic's "No hint" stands
+        return np.zeros(len(texts))
+
 
 def test_evaluate_run_writes_reports(tmp_path, monkeypatch):
     task = get_task("mwp")

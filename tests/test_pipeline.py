@@ -117,3 +117,27 @@ def test_all_stages_run_resume_and_skip(tmp_path, capsys):
     c2.model.preset = "t5-small"
     with pytest.raises(config_lib.ConfigError, match="different config.model"):
         pipeline.run(c2, workdir, stages=("critic",))
+
+
+def test_model_critic_prefers_no_hint_when_it_is_the_more_likely_sequence():
+    """Greedy commits to the shared first token of the error sentences; the critic compares whole sequences."""
+    from refiner_jax.refine import ModelCritic
+
+    class FakeModel:
+        def greedy(self, texts):
+            return ["The operator in #0 is incorrect."] * len(texts)
+
+        def score(self, texts, targets):  # log-probs: problem 0 favours "No hint", problem 1 the error sentence
+            table = {("a", "No hint"): -0.5, ("a", "The operator in #0 is incorrect."): -0.9,
+                     ("b", "No hint"): -2.0, ("b", "The operator in #0 is incorrect."): -0.3}
+            return np.array([table[(t[0], y)] for t, y in zip(texts, targets)])
+
+    class Task:
+        def critic_input(self, ex, h):
+            return ex.x + " " + h
+
+    examples = [Example("0", "a", "", ""), Example("1", "b", "", "")]
+    critic = ModelCritic(FakeModel(), Task())
+    assert critic.feedback(examples, ["z", "z"]) == ["No hint", "The operator in #0 is incorrect."]
+    critic.prefer_no_hint = False
+    assert critic.feedback(examples, ["z", "z"]) == ["The operator in #0 is incorrect."] * 2

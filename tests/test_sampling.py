@@ -98,6 +98,8 @@ def test_temperature_towards_zero_equals_greedy():
     for top_p in (1.0, 0.9):
         cold = _run(model, prompt, max_new_tokens=12, temperature=1e-4, top_p=top_p)
         np.testing.assert_array_equal(cold.tokens, greedy.tokens)
+    # An empty nucleus keeps only the most likely token.
+    np.testing.assert_array_equal(_run(model, prompt, max_new_tokens=12, top_p=0.0).tokens, greedy.tokens)
 
 
 def test_top_k_above_bound_is_an_error():
