@@ -184,7 +184,7 @@ def bench_train(args) -> dict:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
         torch_opt.step()
-        return float(loss)
+        return loss.item()
 
     start = time.perf_counter()
     first_loss = ours()

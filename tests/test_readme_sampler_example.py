@@ -72,3 +72,10 @@ def test_readme_sampler_snippet_runs_and_greedy_matches_a_plain_loop():
                 break
         np.testing.assert_array_equal(np.asarray(greedy.tokens[row, :len(generated)]), generated)
         assert int(greedy.lengths[row]) == len(generated)
+
+
+def test_readme_shows_this_snippet():
+    import pathlib
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert SNIPPET in readme
