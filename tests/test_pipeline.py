@@ -141,3 +141,19 @@ def test_model_critic_prefers_no_hint_when_it_is_the_more_likely_sequence():
     assert critic.feedback(examples, ["z", "z"]) == ["No hint", "The operator in #0 is incorrect."]
     critic.prefer_no_hint = False
     assert critic.feedback(examples, ["z", "z"]) == ["The operator in #0 is incorrect."] * 2
+
+
+@pytest.mark.parametrize("path,variant", [("refiner_mwp.py", None), ("refiner_mwp.py", "svamp"),
+                                          ("refiner_mwp.py", "paper"), ("refiner_snlr.py", None),
+                                          ("refiner_snlr.py", "released"), ("refiner_moral.py", None)])
+def test_shipped_configs_are_valid(path, variant):
+    import importlib.util
+    import pathlib
+
+    file = pathlib.Path(__file__).resolve().parents[1] / "configs" / path
+    spec = importlib.util.spec_from_file_location(f"config_{path}", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config_lib.validate(module.get_config(variant))
+    with pytest.raises(ValueError, match="variant"):
+        module.get_config("no-such-variant")
