@@ -144,8 +144,7 @@ def bench_train(args) -> dict:
     import numpy as np
     import torch
     import transformers
-    from flax.linen import meta
-
+    
     from refiner_jax import sharding
     from refiner_jax.models import hf
     from refiner_jax.models.t5 import T5, preset

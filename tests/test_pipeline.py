@@ -2,7 +2,6 @@
 skip-finished-stages, and the REFINER turn construction against a hand-traced example."""
 import json
 import os
-import random
 
 import numpy as np
 import pytest

@@ -57,7 +57,7 @@ def _mwp_like_texts(n: int, seed: int = 0) -> list[str]:
         feedback = f"The {rng.choice(['first', 'second'])} number in #{rng.randint(0, 2)} is incorrect."
         question = "Tom has number0 apples and buys number1 more . how many apples does he have ?"
         texts += [formula, feedback, f"{question} Previous Answer: {formula} Feedback: {feedback}",
-                  f"<|SIT|> Tom is at home. <|INT|> Tom wants food. <|NRM|> You should eat. <|M_ACT|> Tom cooks."]
+                  "<|SIT|> Tom is at home. <|INT|> Tom wants food. <|NRM|> You should eat. <|M_ACT|> Tom cooks."]
     return texts
 
 
