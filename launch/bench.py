@@ -53,6 +53,7 @@ def bench_sample(args) -> dict:
     from refiner_jax.models.t5 import T5, preset
 
     torch.set_num_threads(args.torch_threads)
+    load_before = os.getloadavg()
     config = preset(SAMPLE_PRESETS[args.preset], dropout_rate=0.0)
     rng = np.random.default_rng(args.seed)
     dummy = jnp.ones((1, 8), jnp.int32)
@@ -114,7 +115,10 @@ def bench_sample(args) -> dict:
         results[name] = entry
     return {"benchmark": "sample", "preset": args.preset, "config": SAMPLE_PRESETS[args.preset],
             "repeats": args.repeats, "torch_threads": args.torch_threads, "max_top_k": args.max_top_k,
-            "jax_devices": str(jax.devices()), "results": results}
+            "jax_devices": str(jax.devices()),
+            # Other processes on the machine distort both timings (torch's thread pool the most): check these.
+            "load_average_1min_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+            "results": results}
 
 
 def _add_sample_parser(subparsers) -> None:
@@ -124,7 +128,7 @@ def _add_sample_parser(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed runs per implementation (median reported)")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--max-top-k", type=int, default=64, help="static top-k / nucleus search bound of our sampler")
+    p.add_argument("--max-top-k", type=int, default=64, help="static top-k bound of our sampler")
     p.add_argument("--torch-threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=bench_sample)
@@ -152,6 +156,7 @@ def bench_train(args) -> dict:
 
     torch.set_num_threads(args.torch_threads)
     torch.manual_seed(args.seed)
+    load_before = os.getloadavg()
     config = preset(TRAIN_PRESETS[args.preset], dropout_rate=0.1)
     model = T5(config)
     dummy = jnp.ones((1, 8), jnp.int32)
@@ -201,7 +206,8 @@ def bench_train(args) -> dict:
             "transformers_tokens_per_s": round(tokens / med["transformers"], 1),
             "speedup": round(med["transformers"] / med["ours"], 2),
             "ours_compile_s": round(max(first_call - med["ours"], 0.0), 2),
-            "first_step_loss": {"ours": round(first_loss, 4), "transformers": round(torch_first_loss, 4)}}
+            "first_step_loss": {"ours": round(first_loss, 4), "transformers": round(torch_first_loss, 4)},
+            "load_average_1min_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
 
 
 def _add_train_parser(subparsers) -> None:
