@@ -1,4 +1,4 @@
-"""Trains a REFINER critic and generator and evaluates them: tokenizer, critic, warm-up, REFINER loop, evaluation.
+"""Trains a REFINER critic and generator and evaluates them: tokenizer, warm-up, critic, REFINER loop, evaluation.
 
     python launch/train.py --config=configs/refiner_mwp.py --workdir=/tmp/refiner_mwp
     python launch/train.py --config=configs/refiner_mwp.py:svamp --config.task.data_dir=PATH --workdir=...

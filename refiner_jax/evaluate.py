@@ -111,6 +111,18 @@ def _row(task: Task, examples: Sequence[Example], trajectories: Sequence[refine.
     return summarize_metrics(per_example, whole, samples, seed)
 
 
+def paired_gain(trajectories: Sequence[refine.Trajectory], metric: str, turn: int | None, samples: int,
+                seed: int) -> dict[str, float]:
+    """`metric` after `turn` revisions (None: final) minus at turn 0, paired per example: {mean, low, high} with a
+    percentile-bootstrap interval that resamples examples (both turns together). Tighter than comparing the two
+    rows' own intervals, which ignore that both score the same problems."""
+    last = max((len(t.scores) for t in trajectories), default=1) - 1
+    t = last if turn is None else turn
+    diffs = [float(_turn_scores(traj, t)[metric]) - float(_turn_scores(traj, 0)[metric]) for traj in trajectories]
+    mean, low, high = bootstrap_ci(diffs, samples, seed)
+    return {"mean": mean, "low": low, "high": high}
+
+
 def count_flips(trajectories: Sequence[refine.Trajectory], metric: str, turns: int,
                 threshold: float = 0.5) -> list[dict]:
     """Wrong->right and right->wrong changes of `metric` between consecutive turns 0->1, ..., (T-1)->T and between
@@ -144,7 +156,8 @@ def evaluate_refinement(task: Task, generator, critic: refine.Critic | None, ora
 
     Rows (`results["rows"]`, in order): the generator alone (turn 0), + trained critic at T=1 and at T=`turns`
     (one trajectory, truncated for T=1), + oracle critic at T=`turns` (default oracle: `refine.OracleCritic`).
-    Each row maps every task metric to {mean, low, high}. Also: flips of the primary metric per critic, critic
+    Each row maps every task metric to {mean, low, high}; a critic row also has `gain`, the paired difference of
+    the primary metric from the generator alone (`paired_gain`). Also: flips of the primary metric per critic, critic
     quality on a fixed held-out perturbation set and on the generator's own hypotheses, and every trajectory
     (`results["trajectories"]`). `critic=None` leaves the trained-critic rows out. `initial` reuses turn-0
     hypotheses already generated.
@@ -169,11 +182,14 @@ def evaluate_refinement(task: Task, generator, critic: refine.Critic | None, ora
     if critic is not None:
         if turns > 1:
             rows.append({"key": "critic_t1", "label": ROW_LABELS["critic_t1"], "turns": 1,
-                         "metrics": _row(task, examples, runs["critic"], 1, bootstrap_samples, seed)})
+                         "metrics": _row(task, examples, runs["critic"], 1, bootstrap_samples, seed),
+                         "gain": paired_gain(runs["critic"], primary, 1, bootstrap_samples, seed)})
         rows.append({"key": "critic", "label": ROW_LABELS["critic"].format(turns=turns), "turns": turns,
-                     "metrics": _row(task, examples, runs["critic"], None, bootstrap_samples, seed)})
+                     "metrics": _row(task, examples, runs["critic"], None, bootstrap_samples, seed),
+                     "gain": paired_gain(runs["critic"], primary, None, bootstrap_samples, seed)})
     rows.append({"key": "oracle", "label": ROW_LABELS["oracle"].format(turns=turns), "turns": turns,
-                 "metrics": _row(task, examples, runs["oracle"], None, bootstrap_samples, seed)})
+                 "metrics": _row(task, examples, runs["oracle"], None, bootstrap_samples, seed),
+                 "gain": paired_gain(runs["oracle"], primary, None, bootstrap_samples, seed)})
 
     results: dict[str, Any] = {
         "task": getattr(task, "name", type(task).__name__),

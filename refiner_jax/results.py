@@ -11,7 +11,7 @@ import math
 import os
 from typing import Any, Mapping, Sequence
 
-STAGES = ("critic", "warmup", "refiner")
+STAGES = ("warmup", "critic", "refiner")
 # Logged per training step, not learning progress: left out of the learning-curve plots.
 _NOT_CURVES = frozenset({"stage", "step", "examples_per_s", "tokens_per_s", "learning_rate", "lr", "grad_norm",
                          "best_step"})
@@ -24,11 +24,12 @@ def _pct(value: float | None) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.1f}"
 
 
-def format_ci(cell: Mapping[str, Any]) -> str:
-    """`mean [low, high]` in %, or `mean †` when the metric has no CI."""
+def format_ci(cell: Mapping[str, Any], signed: bool = False) -> str:
+    """`mean [low, high]` in %, or `mean †` when the metric has no CI; `signed` writes a difference (`+1.2`)."""
+    pct = (lambda v: ("+" if v > 0 else "") + _pct(v)) if signed else _pct
     if cell.get("low") is None or cell.get("high") is None:
-        return f"{_pct(cell['mean'])} †"
-    return f"{_pct(cell['mean'])} [{_pct(cell['low'])}, {_pct(cell['high'])}]"
+        return f"{pct(cell['mean'])} †"
+    return f"{pct(cell['mean'])} [{pct(cell['low'])}, {pct(cell['high'])}]"
 
 
 def _num(value: Any) -> str:
@@ -68,11 +69,15 @@ def render_markdown(results: Mapping[str, Any], plots: Sequence[str] = ()) -> st
     if rows:
         metrics = _metric_order(results, list(rows[0]["metrics"]))
         lines += ["## Refinement", ""]
-        header = ["Setting"] + [f"**{m}**" if m == primary else m for m in metrics]
+        header = ["Setting"] + [f"**{m}**" if m == primary else m for m in metrics] + [f"Δ {primary} (paired)"]
         lines += _table(header, [[r["label"]] + [format_ci(r["metrics"][m]) if m in r["metrics"] else "–"
-                                                 for m in metrics] for r in rows])
+                                                 for m in metrics]
+                                 + [format_ci(r["gain"], signed=True) if r.get("gain") else "–"] for r in rows])
         if any(r["metrics"][m].get("low") is None for r in rows for m in metrics if m in r["metrics"]):
             lines += ["", "† corpus-level metric: the task's whole-set value, no per-example CI."]
+        if any(r.get("gain") for r in rows):
+            lines += ["", f"Δ: change of {primary} from the generator alone on the same problems, with a paired "
+                          "bootstrap CI (examples resampled with both settings' scores)."]
         lines.append("")
 
     flips = results.get("flips") or {}

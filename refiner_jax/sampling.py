@@ -281,13 +281,8 @@ def _sample_t5(params, encoder_tokens, rng, temperature, top_k, top_p, min_new_t
     batch = encoder_tokens.shape[0]
     n = batch * num_samples
     encoded = model.apply(variables, encoder_tokens, method=T5.encode)  # [batch, enc_len, d_model]
-    cross_kv = model.apply(variables, encoded, method=T5.cross_kv)  # per layer (k, v) [batch, enc_len, heads, d_kv]
-
-    def expand(x):  # [batch, ...] -> [batch * k, ...], each prompt's copies adjacent
-        return jnp.repeat(x, num_samples, axis=0)
-
-    cross_kv = jax.tree.map(expand, cross_kv)
-    encoder_mask = expand(encoder_tokens != PAD_ID)  # [n, enc_len]
+    cross_kv = model.apply(variables, encoded, method=T5.cross_kv)  # per layer (k, v) [batch, heads, enc_len, d_kv]
+    encoder_mask = encoder_tokens != PAD_ID  # kept per prompt: decode_step shares it across a prompt's samples
 
     def tokens_to_logits(tokens, index, cache):
         return model.apply(variables, tokens, index, cache, cross_kv, encoder_mask, method=T5.decode_step)

@@ -161,6 +161,21 @@ def test_rows_and_metrics_hand_worked(toy_results):
         assert em["low"] * 4 == int(em["low"] * 4)  # a resampled mean of four 0/1 values
 
 
+def test_paired_gain_hand_worked(toy_results):
+    rows = {r["key"]: r for r in toy_results[0]["rows"]}
+    assert "gain" not in rows["generator"]
+    # Per-example change from turn 0: T=1 trained critic q0 -1 (g0 -> g0!), q1 +1; T=3 adds q2 +1; oracle q1, q2 +1.
+    assert rows["critic_t1"]["gain"]["mean"] == 0.0
+    assert rows["critic"]["gain"]["mean"] == 0.25
+    assert rows["oracle"]["gain"]["mean"] == 0.5
+    for key in ("critic_t1", "critic", "oracle"):
+        gain = rows[key]["gain"]
+        assert -1.0 <= gain["low"] <= gain["mean"] <= gain["high"] <= 1.0
+        assert gain["low"] * 4 == int(gain["low"] * 4) and gain["high"] * 4 == int(gain["high"] * 4)
+    assert rows["oracle"]["gain"]["low"] >= 0.0  # no example got worse, so no resample can
+    assert rows["critic_t1"]["gain"]["low"] < 0.0 < rows["critic_t1"]["gain"]["high"]
+
+
 def test_whole_set_metric_keeps_task_value_without_ci(toy_results):
     rows = {r["key"]: r for r in toy_results[0]["rows"]}
     # Generator alone: 2/4 right, so all_right is 0 for the set although the per-example mean is 0.5.

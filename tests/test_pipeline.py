@@ -94,8 +94,52 @@ def test_critic_pairs_are_resumable():
     assert all(task.critic_input(train[i], "")[:20] == a[i][0][:20] for i in range(16))
 
 
+def test_critic_pairs_from_the_generator_carry_the_oracle_feedback():
+    task = get_task("mwp")
+    ex = Example("p0", "Tom has number0 apples and buys number1 more . How many apples ?",
+                 "#0: add ( number0, number1 )", "7", {"numbers": [3.0, 4.0]})
+    seen = []
+
+    class FakeGenerator:  # the warmed-up generator: a wrong answer, then the right one (commuted)
+        def generate(self, texts, *, top_p, temperature, rng):
+            seen.append((list(texts), top_p, temperature))
+            return [["#0: subtract ( number0, number1 )"], ["#0: add ( number1, number0 )"]][:len(texts)]
+
+    make = refiner_lib.critic_pairs(task, [ex] * 4, 0, FakeGenerator(), generator_fraction=0.5, top_p=0.9)
+    pairs = make(None, np.arange(4), step=2)
+    assert seen == [([ex.x, ex.x], 0.9, 1.0)]  # half of the batch is sampled, in one call
+    assert pairs[0] == (f"{ex.x} #0: subtract ( number0, number1 )", "The operator in #0 is incorrect.")
+    assert pairs[1] == (f"{ex.x} #0: add ( number1, number0 )", "No hint")
+    assert pairs[2:] == refiner_lib.critic_pairs(task, [ex] * 4, 0)(None, np.arange(4), step=2)[:2]
+    with pytest.raises(ValueError, match="needs the generator"):
+        refiner_lib.critic_pairs(task, [ex], 0, None, generator_fraction=0.5)
+
+
+def test_warmup_mixes_in_revision_instances_from_perturbations():
+    task = get_task("mwp", synthetic_sizes={"train": 32, "val": 8, "test": 8})
+    train = task.load("train")
+    make = refiner_lib.warmup_pairs(train, task, feedback_fraction=0.25, template="{x} @@ {z} @@ {f}", seed=1)
+    pairs = make(None, np.arange(8), step=4)
+    assert pairs == make(None, np.arange(8), step=4)  # resumable: the step fixes the perturbations
+    assert [t for _, t in pairs] == [ex.z for ex in train[:8]]  # always the gold as target
+    assert [x for x, _ in pairs[2:]] == [ex.x for ex in train[2:8]]
+    for (x, _), ex in zip(pairs[:2], train):
+        problem, hypothesis, feedback = x.split(" @@ ")
+        assert problem == ex.x and feedback == task.oracle_feedback(ex, hypothesis).text
+    assert refiner_lib.warmup_pairs(train)(None, np.arange(3), 0) == [(ex.x, ex.z) for ex in train[:3]]
+
+
+def test_critic_from_generator_samples_needs_the_warmup_first(tmp_path):
+    c = tiny_config()
+    c.critic.generator_fraction = 0.5
+    with pytest.raises(config_lib.ConfigError, match="run the warmup stage first"):
+        pipeline.run(c, str(tmp_path / "run"), stages=("critic",))
+    assert not (tmp_path / "run").exists()
+
+
 def test_all_stages_run_resume_and_skip(tmp_path, capsys):
     c = tiny_config()
+    assert c.critic.generator_fraction > 0 and c.warmup.feedback_fraction > 0  # both paths run end to end
     workdir = str(tmp_path / "run")
     results = pipeline.run(c, workdir, stages=("critic", "warmup", "refiner"))
     for stage in ("critic", "warmup", "refiner"):

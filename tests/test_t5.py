@@ -125,6 +125,26 @@ def test_cached_decode_step_equals_teacher_forcing():
         np.testing.assert_allclose(np.asarray(step_logits), np.asarray(full[:, i]), atol=2e-5, rtol=1e-5)
 
 
+def test_decode_step_shares_cross_kv_across_samples():
+    """k decoder rows per prompt over one copy of the prompt's cross K/V == teacher forcing on k copies of it."""
+    config = preset("t5-tiny", dropout_rate=0.0)
+    model = T5(config)
+    enc, targets = _batch()
+    enc = jnp.asarray(enc) % config.vocab_size
+    k = 3
+    dec_targets = jnp.asarray(np.random.default_rng(3).integers(2, config.vocab_size, (enc.shape[0] * k, 6)))
+    dec_in = shift_right(dec_targets)  # [b * k, len], a prompt's samples adjacent and all different
+    params = meta.unbox(model.init(jax.random.key(1), enc, shift_right(jnp.asarray(targets)))["params"])
+    full = model.apply({"params": params}, jnp.repeat(enc, k, axis=0), dec_in)  # [b * k, len, V]
+    encoded = model.apply({"params": params}, enc, method=T5.encode)
+    cross = model.apply({"params": params}, encoded, method=T5.cross_kv)  # per prompt, not per sample
+    cache = T5.init_cache(config, enc.shape[0] * k, dec_in.shape[1])
+    step = jax.jit(lambda *a: model.apply({"params": params}, *a, method=T5.decode_step))
+    for i in range(dec_in.shape[1]):
+        step_logits, cache = step(dec_in[:, i], jnp.int32(i), cache, cross, enc > 0)
+        np.testing.assert_allclose(np.asarray(step_logits), np.asarray(full[:, i]), atol=2e-5, rtol=1e-5)
+
+
 def test_remat_changes_nothing_but_memory():
     config = T5Config(**dict(V11, dropout_rate=0.1))
     enc, targets = _batch()

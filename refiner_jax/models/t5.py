@@ -229,26 +229,30 @@ class Attention(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout_rate)
 
     def project_kv(self, x: Array) -> tuple[Array, Array]:
-        """Keys and values of `x` [batch, len, d_model] -> two `[batch, len, heads, d_kv]`."""
+        """Keys and values of `x` [batch, len, d_model] -> two `[batch, heads, len, d_kv]`.
+
+        Heads before length: the decode cache is written one position at a time and read whole every step, and
+        this layout lets XLA read it without a transpose.
+        """
         dt = self.config.compute_dtype
         x = x.astype(dt)
-        k = jnp.einsum("bld,dhk->blhk", x, self.key.astype(dt))
-        v = jnp.einsum("bld,dhk->blhk", x, self.value.astype(dt))
-        names = ("batch", "activation_length", "activation_heads", "activation_kv")
+        k = jnp.einsum("bld,dhk->bhlk", x, self.key.astype(dt))
+        v = jnp.einsum("bld,dhk->bhlk", x, self.value.astype(dt))
+        names = ("batch", "activation_heads", "activation_length", "activation_kv")
         return nn.with_logical_constraint(k, names), nn.with_logical_constraint(v, names)
 
     def __call__(self, x: Array, k: Array, v: Array, bias: Array, deterministic: bool) -> Array:
-        """Attend from `x` [batch, q, d_model] over keys/values `[batch, k, heads, d_kv]`.
+        """Attend from `x` [batch, q, d_model] over keys/values `[batch, heads, k, d_kv]`.
 
         `bias` (float32, broadcastable to [batch, heads, q, k]) holds position bias and masks.
         """
         dt = self.config.compute_dtype
         q = jnp.einsum("bqd,dhk->bqhk", x.astype(dt), self.query.astype(dt))
         q = nn.with_logical_constraint(q, ("batch", "activation_length", "activation_heads", "activation_kv"))
-        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) + bias  # [batch, heads, q, k]
+        logits = jnp.einsum("bqhd,bhkd->bhqk", q, k).astype(jnp.float32) + bias  # [batch, heads, q, k]
         weights = jax.nn.softmax(logits, axis=-1).astype(dt)
         weights = self.dropout(weights, deterministic=deterministic)
-        ctx = jnp.einsum("bhqk,bkhd->bqhd", weights, v)  # [batch, q, heads, d_kv]
+        ctx = jnp.einsum("bhqk,bhkd->bqhd", weights, v)  # [batch, q, heads, d_kv]
         out = jnp.einsum("bqhd,hdm->bqm", ctx, self.out.astype(dt))
         return nn.with_logical_constraint(out, ("batch", "activation_length", "activation_embed"))
 
@@ -314,8 +318,12 @@ class DecoderLayer(nn.Module):
     def _rest(self, x, cross_k, cross_v, cross_bias, deterministic):
         """Cross-attention and feed-forward sub-blocks (shared by teacher forcing and the cached step)."""
         h = self.pre_cross_attention_layer_norm(x)
-        x = x + self.dropout(self.encoder_decoder_attention(h, cross_k, cross_v, cross_bias, deterministic),
-                             deterministic=deterministic)
+        n, q, d = h.shape
+        prompts = cross_k.shape[0]
+        if n != prompts:  # the samples of a prompt share its cross K/V: fold them into the query axis
+            h = h.reshape(prompts, n // prompts * q, d)
+        attended = self.encoder_decoder_attention(h, cross_k, cross_v, cross_bias, deterministic).reshape(n, q, d)
+        x = x + self.dropout(attended, deterministic=deterministic)
         h = self.pre_mlp_layer_norm(x)
         x = x + self.dropout(self.mlp(h, deterministic), deterministic=deterministic)
         return nn.with_logical_constraint(x, ("batch", "activation_length", "activation_embed"))
@@ -333,10 +341,10 @@ class DecoderLayer(nn.Module):
     def step(self, x, index, cache, cross_k, cross_v, self_bias, cross_bias):
         """One position `x` [batch, 1, d_model] at `index`; writes its key/value into `cache` and attends over it."""
         h = self.pre_self_attention_layer_norm(x)
-        k, v = self.self_attention.project_kv(h)  # [batch, 1, heads, d_kv]
+        k, v = self.self_attention.project_kv(h)  # [batch, heads, 1, d_kv]
         zero = jnp.zeros((), jnp.int32)
-        keys = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), (zero, index, zero, zero))
-        values = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), (zero, index, zero, zero))
+        keys = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), (zero, zero, index, zero))
+        values = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), (zero, zero, index, zero))
         x = x + self.self_attention(h, keys, values, self_bias, True)
         return self._rest(x, cross_k, cross_v, cross_bias, True), {"k": keys, "v": values}
 
@@ -383,14 +391,16 @@ class T5(nn.Module):
         return self.decode(encoded, encoder_input_tokens, decoder_input_tokens, enable_dropout)
 
     def cross_kv(self, encoded: Array) -> tuple[tuple[Array, Array], ...]:
-        """Per decoder layer, the cross-attention (keys, values) `[batch, enc_len, heads, d_kv]` of `encoded`."""
+        """Per decoder layer, the cross-attention (keys, values) `[batch, heads, enc_len, d_kv]` of `encoded`."""
         return self.decoder.cross_kv(encoded)
 
     def decode_step(self, tokens: Array, index: Array, cache: dict, cross_kv: tuple, encoder_mask: Array):
         """Logits `[batch, vocab]` for the token after `tokens` [batch] at position `index`, and the updated cache.
 
         `cache` comes from `T5.init_cache` (then from the previous step), `cross_kv` from `cross_kv`,
-        `encoder_mask` [batch, enc_len] is True at real (non-pad) prompt tokens.
+        `encoder_mask` [prompts, enc_len] is True at real (non-pad) prompt tokens. `cross_kv` and `encoder_mask` may
+        cover `prompts` = batch / k prompts whose k samples are adjacent rows of `tokens`: the samples then share
+        one copy of their prompt's cross-attention keys/values instead of k.
         """
         x = self._embed(tokens[:, None])
         h, cache = self.decoder.step(x, index, cache, cross_kv, encoder_mask)
@@ -408,8 +418,8 @@ class T5(nn.Module):
 
     @staticmethod
     def init_cache(config: T5Config, batch: int, max_len: int) -> dict:
-        """Empty self-attention cache: per decoder layer `{'k', 'v'}` of `[batch, max_len, heads, d_kv]`."""
-        shape = (batch, max_len, config.num_heads, config.d_kv)
+        """Empty self-attention cache: per decoder layer `{'k', 'v'}` of `[batch, heads, max_len, d_kv]`."""
+        shape = (batch, config.num_heads, max_len, config.d_kv)
         return {f"layers_{i}": {"k": jnp.zeros(shape, config.compute_dtype), "v": jnp.zeros(shape, config.compute_dtype)}
                 for i in range(config.n_decoder_layers)}
 
@@ -475,7 +485,7 @@ class Decoder(nn.Module):
         return tuple(layer.cross_kv(encoded) for layer in self.layers)
 
     def step(self, x: Array, index: Array, cache: dict, cross_kv: tuple, encoder_mask: Array):
-        max_len = cache["layers_0"]["k"].shape[1]
+        max_len = cache["layers_0"]["k"].shape[2]
         visible = jnp.arange(max_len) <= index  # keys written so far
         self_bias = self.relpos_bias.row(index, max_len) + jnp.where(visible, 0.0, _MASK_VALUE)[None, None, None]
         cross_bias = _key_mask_bias(encoder_mask)

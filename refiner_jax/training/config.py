@@ -39,14 +39,19 @@ def base_config() -> ml_collections.ConfigDict:
                                            "feedback": 16})
     c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
 
-    # Stage 1: the critic, (x + hypothesis) -> feedback, on gold and perturbed hypotheses.
-    c.critic = ml_collections.ConfigDict({
-        "steps": 500, "batch_size": 32, "microbatches": 1, "optimizer": _optimizer(2e-3), "eval_every": 250,
-        "eval_examples": 300})
-    # Stage 2: generator warm-up, x -> z on a fraction of train (the paper: 10%; 1.0 = all of it).
+    # Stage 1: generator warm-up, x -> z on a fraction of train (the paper: 10%; 1.0 = all of it). With
+    # `feedback_fraction` > 0 that share of each batch is a revision instance built from a perturbation and its
+    # oracle feedback, (template(x, z', f) -> z), like the reference code's feedback-augmented warm start; the
+    # warm-up then pads inputs to `lengths.refine_input`.
     c.warmup = ml_collections.ConfigDict({
         "fraction": 1.0, "steps": 500, "batch_size": 32, "microbatches": 1, "optimizer": _optimizer(2e-3),
-        "eval_every": 250, "eval_examples": 300})
+        "eval_every": 250, "eval_examples": 300, "feedback_fraction": 0.5})
+    # Stage 2: the critic, (x + hypothesis) -> feedback, on gold and perturbed hypotheses (the paper), and with
+    # `generator_fraction` > 0 that share of each batch on the warmed-up generator's own samples (nucleus
+    # `generator_top_p`) with the oracle's feedback.
+    c.critic = ml_collections.ConfigDict({
+        "steps": 500, "batch_size": 32, "microbatches": 1, "optimizer": _optimizer(2e-3), "eval_every": 250,
+        "eval_examples": 300, "generator_fraction": 0.5, "generator_top_p": 1.0})
     # Stage 3: the REFINER loop (generator initialised from the warm-up).
     c.refiner = ml_collections.ConfigDict({
         "turns": 3, "samples": 3, "top_p": 0.5, "temperature": 1.0, "selection": "random",
@@ -81,6 +86,7 @@ def use_paper_settings(c: ml_collections.ConfigDict, preset: str) -> None:
         stage.microbatches = 4
     c.critic.steps = c.warmup.steps = c.refiner.steps = 20000
     c.warmup.fraction = 0.1
+    c.critic.generator_fraction = 0.0  # the paper's critic learns from perturbations only
     c.model.dtype = "bfloat16"
 
 
@@ -120,6 +126,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
         except ValueError as e:
             raise ConfigError(f"config.{stage_name}.optimizer: {e}") from e
     need(0.0 < c.warmup.fraction <= 1.0, "warmup.fraction", "must be in (0, 1]")
+    need(0.0 <= c.warmup.feedback_fraction <= 1.0, "warmup.feedback_fraction", "must be a share in [0, 1]")
+    need(0.0 <= c.critic.generator_fraction <= 1.0, "critic.generator_fraction", "must be a share in [0, 1]")
+    need(0.0 < c.critic.generator_top_p <= 1.0, "critic.generator_top_p", "must be in (0, 1]")
     r = c.refiner
     need(r.turns >= 1, "refiner.turns", "must be >= 1")
     need(r.samples >= 1, "refiner.samples", "must be >= 1")

@@ -1,6 +1,6 @@
 """One resumable seq2seq training stage: text pairs in, a trained (and exported) T5 out.
 
-Every stage of a REFINER run (critic, generator warm-up, REFINER loop) is this loop with a different
+Every stage of a REFINER run (generator warm-up, critic, REFINER loop) is this loop with a different
 `make_pairs(params, indices, step)` that turns a batch of example indices into (input text, target text) pairs —
 the REFINER loop samples from the current parameters there. Everything random is a function of (seed, step), the
 data order is checkpointed with the state, so a run killed at any point and restarted ends with the same
@@ -135,8 +135,8 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config, tokeni
         step += 1
         progress.update(1)
         if step % log_every == 0 or step == stage.steps:
+            host = {k: float(v) for k, v in jax.device_get(metrics).items()}  # waits for the queued steps
             elapsed = max(time.time() - window_start, 1e-9)
-            host = {k: float(v) for k, v in jax.device_get(metrics).items()}
             host.update(examples_per_s=window_examples / elapsed, tokens_per_s=window_tokens / elapsed)
             progress.set_postfix(loss=f"{host['loss']:.3f}", ex_s=f"{host['examples_per_s']:.0f}")
             log.write(spec.name, step, host)

@@ -1,4 +1,4 @@
-"""A whole REFINER run: tokenizer, critic, generator warm-up, REFINER loop, evaluation — in order, resumable.
+"""A whole REFINER run: tokenizer, generator warm-up, critic, REFINER loop, evaluation — in order, resumable.
 
 `run(config, workdir)` validates the config, then runs each stage that has not finished (a finished stage leaves
 `<workdir>/<stage>/DONE`; an interrupted one resumes from its last checkpoint). The workdir keeps `config.json`
@@ -27,7 +27,7 @@ from refiner_jax.training import config as config_lib
 from refiner_jax.training import refiner as refiner_lib
 from refiner_jax.training.loop import MetricsLog, StageSpec, stage_done, train_stage
 
-STAGES = ("critic", "warmup", "refiner", "eval")
+STAGES = ("warmup", "critic", "refiner", "eval")
 # Config sections whose change would make already-trained stages meaningless.
 _FROZEN_SECTIONS = ("task", "tokenizer", "model")
 
@@ -96,6 +96,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise config_lib.ConfigError(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
+    if (config.critic.generator_fraction > 0 and "critic" in stages and "warmup" not in stages
+            and stage_done(workdir, "critic") is None and stage_done(workdir, "warmup") is None):
+        raise config_lib.ConfigError("config.critic.generator_fraction > 0: the critic samples from the warmed-up "
+                                     "generator, so run the warmup stage first (--stages=warmup,critic,...)")
     os.makedirs(workdir, exist_ok=True)
     _check_workdir_config(workdir, config)
     task = get_task(config.task.name, **dict(config.task.options))
@@ -130,8 +134,18 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
 
     def critic_spec():
         eval_set = refiner_lib.critic_eval_set(task, val[:config.critic.eval_examples], config.seed)
+        generator = None
+        if config.critic.generator_fraction > 0:
+            from refiner_jax import checkpoint as ckpt_lib
+
+            warm_params, _ = ckpt_lib.load_params(os.path.join(workdir, "warmup", "export"))
+            sampled = max(1, int(round(config.critic.batch_size * config.critic.generator_fraction)))
+            generator = TextModel(model_config, warm_params, tokenizer, lengths.input, lengths.target,
+                                  bucket=lengths.input, batch_size=sampled)
+        pairs = refiner_lib.critic_pairs(task, train, config.seed, generator, config.critic.generator_fraction,
+                                         top_p=config.critic.generator_top_p)
         return StageSpec(
-            "critic", config.critic, len(train), refiner_lib.critic_pairs(task, train, config.seed),
+            "critic", config.critic, len(train), pairs,
             lambda p: refiner_lib.critic_metrics(task, text_model(p, lengths.critic_input, lengths.feedback),
                                                  eval_set),
             "feedback_em", lengths.critic_input, lengths.feedback)
@@ -143,8 +157,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
     warm_train = train[:max(config.warmup.batch_size, int(round(len(train) * config.warmup.fraction)))]
 
     def warmup_spec():
-        return StageSpec("warmup", config.warmup, len(warm_train), refiner_lib.warmup_pairs(warm_train),
-                         generator_eval, task.primary_metric, lengths.input, lengths.target)
+        fraction = config.warmup.feedback_fraction
+        pairs = refiner_lib.warmup_pairs(warm_train, task, fraction, config.refiner.template, config.seed)
+        return StageSpec("warmup", config.warmup, len(warm_train), pairs, generator_eval, task.primary_metric,
+                         lengths.refine_input if fraction > 0 else lengths.input, lengths.target)
 
     def refiner_spec():
         sampler_model = text_model(None, lengths.refine_input, lengths.target)
@@ -152,8 +168,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
                          refiner_lib.refiner_pairs(task, train, sampler_model, config.refiner, config.seed),
                          generator_eval, task.primary_metric, lengths.refine_input, lengths.target)
 
-    run_stage("critic", critic_spec, pretrained)
     run_stage("warmup", warmup_spec, pretrained)
+    run_stage("critic", critic_spec, pretrained)
     if "refiner" in stages and stage_done(workdir, "refiner") is None:
         from refiner_jax import checkpoint as ckpt_lib
 

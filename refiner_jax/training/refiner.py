@@ -1,8 +1,8 @@
 """The three REFINER training stages as text-pair makers for `training.loop.train_stage`.
 
 critic   (x + hypothesis) -> feedback, on gold hypotheses ("No hint") and the task's perturbations, freshly drawn
-         every step;
-warm-up  x -> z* on a fraction of train;
+         every step; optionally also on the warmed-up generator's own samples with the oracle's feedback;
+warm-up  x -> z* on a fraction of train, optionally mixed with revision instances built from perturbations;
 REFINER  for each batch, T turns: turn 1 is (x -> z*); between turns the current generator draws k nucleus samples
          per problem, one is selected, the oracle critic gives its feedback (replaced by random feedback with
          probability epsilon), and turn t+1 is (template(x, z', f) -> z*). All T*B pairs form one batch whose
@@ -19,22 +19,41 @@ import jax
 import numpy as np
 
 from refiner_jax.refine import ModelCritic, TextModel
-from refiner_jax.tasks.base import Example, Task, feedback_matches, refine_input
+from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task, feedback_matches, refine_input
 
 
 def _rng(seed: int, step: int, *salt: int) -> random.Random:
     return random.Random(hash((seed, step) + salt) & 0xFFFFFFFF)
 
 
-def critic_pairs(task: Task, examples: Sequence[Example], seed: int):
-    """`make_pairs` for the critic: one fresh perturbation (or the unchanged gold) per example and step."""
+def critic_pairs(task: Task, examples: Sequence[Example], seed: int, generator: TextModel | None = None,
+                 generator_fraction: float = 0.0, top_p: float = 1.0, temperature: float = 1.0):
+    """`make_pairs` for the critic: one fresh perturbation (or the unchanged gold) per example and step.
+
+    With a `generator` (the warmed-up one) and `generator_fraction` > 0, that share of each batch instead gets a
+    hypothesis sampled from the generator (nucleus `top_p`, `temperature`) with the oracle's feedback on it: the
+    errors a real generator makes, and its correct answers, which perturbations of the gold do not look like. The
+    critic trained on perturbations alone learns surface cues of the perturbations and cannot tell a right
+    generated hypothesis from a wrong one.
+    """
+    if generator_fraction > 0 and generator is None:
+        raise ValueError("critic_pairs: generator_fraction > 0 needs the generator to sample from")
 
     def make(params: Any, indices: np.ndarray, step: int):
         rng = _rng(seed, step)
+        batch = [examples[int(i)] for i in indices]
+        sampled = int(round(len(batch) * generator_fraction))
+        hypotheses: list[str] = []
+        if sampled:
+            key = jax.random.fold_in(jax.random.key(seed + 1), step)
+            hypotheses = [h[0] for h in generator.generate([ex.x for ex in batch[:sampled]], top_p=top_p,
+                                                             temperature=temperature, rng=key)]
         pairs = []
-        for i in indices:
-            ex = examples[int(i)]
-            hypothesis, feedback = task.perturb(ex, rng)
+        for k, ex in enumerate(batch):
+            if k < sampled:
+                hypothesis, feedback = hypotheses[k], task.oracle_feedback(ex, hypotheses[k])
+            else:
+                hypothesis, feedback = task.perturb(ex, rng)
             pairs.append((task.critic_input(ex, hypothesis), feedback.text))
         return pairs
 
@@ -61,11 +80,30 @@ def critic_metrics(task: Task, critic: TextModel, eval_set) -> dict[str, float]:
     return out
 
 
-def warmup_pairs(examples: Sequence[Example]):
-    """`make_pairs` for the generator warm-up: (x -> z*)."""
+def warmup_pairs(examples: Sequence[Example], task: Task | None = None, feedback_fraction: float = 0.0,
+                 template: str = DEFAULT_REFINE_TEMPLATE, seed: int = 0):
+    """`make_pairs` for the generator warm-up: (x -> z*).
+
+    With `feedback_fraction` > 0 that share of each batch is instead a revision instance (template(x, z', f) -> z*)
+    with z' a fresh perturbation of the gold (or the gold itself) and f the oracle's feedback on it, as the
+    reference code's feedback-augmented warm start builds them: the generator learns to act on feedback before
+    the REFINER loop, where its own samples are mostly too close to its greedy answer to teach that.
+    """
+    if feedback_fraction > 0 and task is None:
+        raise ValueError("warmup_pairs: feedback_fraction > 0 needs the task to perturb hypotheses")
 
     def make(params: Any, indices: np.ndarray, step: int):
-        return [(examples[int(i)].x, examples[int(i)].z) for i in indices]
+        batch = [examples[int(i)] for i in indices]
+        with_feedback = int(round(len(batch) * feedback_fraction))
+        rng = _rng(seed, step, 2)
+        pairs = []
+        for k, ex in enumerate(batch):
+            if k < with_feedback:
+                hypothesis, feedback = task.perturb(ex, rng)
+                pairs.append((refine_input(ex.x, hypothesis, feedback.text, template), ex.z))
+            else:
+                pairs.append((ex.x, ex.z))
+        return pairs
 
     return make
 
