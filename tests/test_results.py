@@ -119,7 +119,7 @@ def test_training_summary_reads_done_files(tmp_path):
     (tmp_path / "critic" / "DONE").write_text('{"best_step": 3}')
     (tmp_path / "refiner").mkdir()  # not finished
     assert list(results_lib.training_summary(str(tmp_path)).items()) == [
-        ("critic", {"best_step": 3}), ("warmup", {"best_step": 7, "equation_em": 0.25})]
+        ("warmup", {"best_step": 7, "equation_em": 0.25}), ("critic", {"best_step": 3})]  # in run order
     (tmp_path / "refiner" / "DONE").write_text("{oops")
     with pytest.raises(ValueError, match="refiner/DONE"):
         results_lib.training_summary(str(tmp_path))
@@ -128,5 +128,6 @@ def test_training_summary_reads_done_files(tmp_path):
 
 def test_format_ci():
     assert results_lib.format_ci(_ci(0.5, 0.25, 0.75)) == "50.0 [25.0, 75.0]"
+    assert results_lib.format_ci(_ci(0.006, -0.004, 0.016), signed=True) == "+0.6 [-0.4, +1.6]"
     assert results_lib.format_ci(_ci(0.123, None, None)) == "12.3 †"
     assert results_lib.format_ci(_ci(math.nan, math.nan, math.nan)) == "– [–, –]"
