@@ -15,6 +15,7 @@ from typing import Any
 
 import ml_collections
 
+from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax import sharding as shd
 from refiner_jax.models import hf
 from refiner_jax.models.t5 import T5Config, preset
@@ -132,15 +133,15 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
 
     train, val = splits["train"], splits["val"]
 
+    def warmed_up_params():
+        return ckpt_lib.load_params(os.path.join(workdir, "warmup", "export"))[0]
+
     def critic_spec():
         eval_set = refiner_lib.critic_eval_set(task, val[:config.critic.eval_examples], config.seed)
         generator = None
         if config.critic.generator_fraction > 0:
-            from refiner_jax import checkpoint as ckpt_lib
-
-            warm_params, _ = ckpt_lib.load_params(os.path.join(workdir, "warmup", "export"))
             sampled = max(1, int(round(config.critic.batch_size * config.critic.generator_fraction)))
-            generator = TextModel(model_config, warm_params, tokenizer, lengths.input, lengths.target,
+            generator = TextModel(model_config, warmed_up_params(), tokenizer, lengths.input, lengths.target,
                                   bucket=lengths.input, batch_size=sampled)
         pairs = refiner_lib.critic_pairs(task, train, config.seed, generator, config.critic.generator_fraction,
                                          top_p=config.critic.generator_top_p)
@@ -171,10 +172,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
     run_stage("warmup", warmup_spec, pretrained)
     run_stage("critic", critic_spec, pretrained)
     if "refiner" in stages and stage_done(workdir, "refiner") is None:
-        from refiner_jax import checkpoint as ckpt_lib
-
-        warm_params, _ = ckpt_lib.load_params(os.path.join(workdir, "warmup", "export"))
-        run_stage("refiner", refiner_spec, warm_params)  # the loop starts from the warmed-up generator
+        run_stage("refiner", refiner_spec, warmed_up_params())  # the loop starts from the warmed-up generator
     else:
         results["refiner"] = stage_done(workdir, "refiner")
     results["eval"] = stage_done(workdir, "eval")
