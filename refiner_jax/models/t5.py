@@ -207,6 +207,42 @@ class RelativePositionBias(nn.Module):
         return jnp.transpose(bias, (1, 0))[None, :, None, :].astype(jnp.float32)
 
 
+def _hash32(x: Array) -> Array:
+    """A bijective integer hash of uint32 values: two multiply-xorshift rounds, so that every input bit flips about
+    half of the output bits (neighbouring indices give unrelated outputs)."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = x * jnp.uint32(0x846CA68B)
+    return x ^ (x >> 16)
+
+
+class Dropout(nn.Module):
+    """Inverted dropout whose keep mask is a counter-based hash of each element's index, seeded once per call
+    from the module's 'dropout' key.
+
+    Same distribution as `nn.Dropout` (keep probability 1 - rate, kept values scaled by 1 / (1 - rate)) and still
+    a pure function of the key, but about 14x cheaper on CPU than drawing threefry bits per element, which took a
+    third of a t5-tiny train step. The mask depends only on the key and the element's position in the global
+    array, so it is the same on every mesh.
+    """
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x: Array, deterministic: bool) -> Array:
+        if deterministic or self.rate == 0.0:
+            return x
+        if self.rate >= 1.0:
+            return jnp.zeros_like(x)
+        if x.size >= 2 ** 32:
+            raise ValueError(f"Dropout: {x.size} elements overflow the 32-bit element counter; shard the input")
+        seed = jax.random.bits(self.make_rng("dropout"), (), jnp.uint32)
+        index = jax.lax.iota(jnp.uint32, x.size).reshape(x.shape)
+        keep = _hash32(index ^ _hash32(seed)) >= jnp.uint32(round(self.rate * 2 ** 32))
+        return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros_like(x))
+
+
 class Attention(nn.Module):
     """Multi-head attention without logit scaling; keys/values can be projected once and reused (`project_kv`)."""
 
@@ -226,7 +262,7 @@ class Attention(nn.Module):
                                 shape_in, cfg.weight_dtype)
         self.out = self.param("out", nn.with_logical_partitioning(_normal(f * inner ** -0.5), ("heads", "kv", "embed")),
                               (cfg.num_heads, cfg.d_kv, cfg.d_model), cfg.weight_dtype)
-        self.dropout = nn.Dropout(cfg.dropout_rate)
+        self.dropout = Dropout(cfg.dropout_rate)
 
     def project_kv(self, x: Array) -> tuple[Array, Array]:
         """Keys and values of `x` [batch, len, d_model] -> two `[batch, heads, len, d_kv]`.
@@ -278,7 +314,7 @@ class MLP(nn.Module):
             wi = self.param("wi", wi_init, shape, cfg.weight_dtype)
             h = jax.nn.relu(x @ wi.astype(dt))
         h = nn.with_logical_constraint(h, ("batch", "activation_length", "activation_mlp"))
-        h = nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
+        h = Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
         wo = self.param("wo", nn.with_logical_partitioning(_normal(f * cfg.d_ff ** -0.5), ("mlp", "embed")),
                         (cfg.d_ff, cfg.d_model), cfg.weight_dtype)
         return h @ wo.astype(dt)
@@ -292,7 +328,7 @@ class EncoderLayer(nn.Module):
         self.attention = Attention(self.config)
         self.pre_mlp_layer_norm = RMSNorm(self.config)
         self.mlp = MLP(self.config)
-        self.dropout = nn.Dropout(self.config.dropout_rate)
+        self.dropout = Dropout(self.config.dropout_rate)
 
     def __call__(self, x: Array, bias: Array, deterministic: bool) -> Array:
         h = self.pre_attention_layer_norm(x)
@@ -313,7 +349,7 @@ class DecoderLayer(nn.Module):
         self.encoder_decoder_attention = Attention(self.config)
         self.pre_mlp_layer_norm = RMSNorm(self.config)
         self.mlp = MLP(self.config)
-        self.dropout = nn.Dropout(self.config.dropout_rate)
+        self.dropout = Dropout(self.config.dropout_rate)
 
     def _rest(self, x, cross_k, cross_v, cross_bias, deterministic):
         """Cross-attention and feed-forward sub-blocks (shared by teacher forcing and the cached step)."""
@@ -447,7 +483,7 @@ class Encoder(nn.Module):
         layer = _layer_class(EncoderLayer, cfg)
         self.layers = [layer(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
         self.encoder_norm = RMSNorm(cfg)
-        self.dropout = nn.Dropout(cfg.dropout_rate)
+        self.dropout = Dropout(cfg.dropout_rate)
 
     def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
         length = x.shape[1]
@@ -467,7 +503,7 @@ class Decoder(nn.Module):
         layer = _layer_class(DecoderLayer, cfg)
         self.layers = [layer(cfg, name=f"layers_{i}") for i in range(cfg.n_decoder_layers)]
         self.decoder_norm = RMSNorm(cfg)
-        self.dropout = nn.Dropout(cfg.dropout_rate)
+        self.dropout = Dropout(cfg.dropout_rate)
         if not cfg.tie_word_embeddings:
             self.logits_dense = LogitsDense(cfg)
 

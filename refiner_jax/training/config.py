@@ -52,11 +52,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.critic = ml_collections.ConfigDict({
         "steps": 500, "batch_size": 32, "microbatches": 1, "optimizer": _optimizer(2e-3), "eval_every": 250,
         "eval_examples": 300, "generator_fraction": 0.5, "generator_top_p": 1.0})
-    # Stage 3: the REFINER loop (generator initialised from the warm-up).
+    # Stage 3: the REFINER loop (generator initialised from the warm-up). The warmed-up t5-tiny mostly repeats its
+    # hypothesis whatever the feedback; this stage is where it learns to act on it (with 150 steps, the oracle's
+    # gain varied between +3.9 and +11.7 EM from run to run; 450 steps gave +11.7).
     c.refiner = ml_collections.ConfigDict({
         "turns": 3, "samples": 3, "top_p": 0.5, "temperature": 1.0, "selection": "random",
-        "template": DEFAULT_REFINE_TEMPLATE, "feedback_noise": 0.0, "steps": 150, "batch_size": 16,
-        "microbatches": 1, "optimizer": _optimizer(1e-3), "eval_every": 75, "eval_examples": 300})
+        "template": DEFAULT_REFINE_TEMPLATE, "feedback_noise": 0.0, "steps": 450, "batch_size": 16,
+        "microbatches": 1, "optimizer": _optimizer(1e-3), "eval_every": 150, "eval_examples": 300})
     # Stage 4: evaluation of generator alone / + critic / + oracle, and the noisy-critic study.
     c.eval = ml_collections.ConfigDict({
         "examples": 1000, "turns": 3, "batch_size": 128, "noise_levels": (0.0, 0.25, 0.5, 0.75, 1.0),
