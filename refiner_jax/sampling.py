@@ -273,7 +273,17 @@ def _sample_nucleus(scaled, key, top_p):
 
 
 def _sample_t5(params, encoder_tokens, rng, temperature, top_k, top_p, min_new_tokens, *, config, num_samples,
-               max_new_tokens, max_top_k, eos_id):
+               max_new_tokens, max_top_k, eos_id, row_chunks):
+    if row_chunks > 1:  # one decode loop per group of prompts, run one after another
+        batch, enc_len = encoder_tokens.shape
+        out = jax.lax.map(lambda args: _sample_t5(params, *args, temperature, top_k, top_p, min_new_tokens,
+                                                  config=config, num_samples=num_samples,
+                                                  max_new_tokens=max_new_tokens, max_top_k=max_top_k, eos_id=eos_id,
+                                                  row_chunks=1),
+                          (encoder_tokens.reshape(row_chunks, batch // row_chunks, enc_len),
+                           jax.random.split(rng, row_chunks)))
+        return jax.tree.map(lambda x: x.reshape(batch, *x.shape[2:]), out)
+
     from refiner_jax.models.t5 import DECODER_START_ID, PAD_ID, T5
 
     model = T5(config)
@@ -281,7 +291,7 @@ def _sample_t5(params, encoder_tokens, rng, temperature, top_k, top_p, min_new_t
     batch = encoder_tokens.shape[0]
     n = batch * num_samples
     encoded = model.apply(variables, encoder_tokens, method=T5.encode)  # [batch, enc_len, d_model]
-    cross_kv = model.apply(variables, encoded, method=T5.cross_kv)  # per layer (k, v) [batch, heads, enc_len, d_kv]
+    cross_kv = model.apply(variables, encoded, method=T5.cross_kv)  # per layer (keys transposed, values)
     encoder_mask = encoder_tokens != PAD_ID  # kept per prompt: decode_step shares it across a prompt's samples
 
     def tokens_to_logits(tokens, index, cache):
@@ -295,28 +305,69 @@ def _sample_t5(params, encoder_tokens, rng, temperature, top_k, top_p, min_new_t
 
 
 _sample_t5_jit = jax.jit(_sample_t5, static_argnames=("config", "num_samples", "max_new_tokens", "max_top_k",
-                                                      "eos_id"))
+                                                      "eos_id", "row_chunks"))
+
+_CACHE_BUDGET = 8 * 2 ** 20  # bytes of decoder weights + decode state that one row group may use on a CPU
+_MIN_CHUNK_ROWS = 8
+
+
+def auto_row_chunks(config, batch: int, enc_len: int, num_samples: int, max_new_tokens: int,
+                    platform: str | None = None) -> int:
+    """How many groups of prompts `sample_t5` decodes one after another by default (1 = the whole batch at once).
+
+    A decode step reads the decoder's weights and every row's cached keys and values. For a small model on a CPU
+    with many distinct prompts, that state outgrows the caches and each step re-reads it from memory; decoding
+    row groups whose weights + state fit `_CACHE_BUDGET` in turn keeps each group cache-resident for all its
+    steps. Measured on 2 cores (1 MiB L2 each, 32 MiB L3), t5-tiny greedy, 32 prompts x 128 tokens -> 64: 4
+    groups of 8 take 0.70-0.77x the time of one batch of 32. Only on CPU, only with one sample per prompt (the
+    samples of a prompt share its cross-attention state already), and never below `_MIN_CHUNK_ROWS` rows.
+    """
+    if (platform or jax.default_backend()) != "cpu" or num_samples != 1:
+        return 1
+    weight_bytes = np.dtype(config.weight_dtype).itemsize * (
+        config.vocab_size * config.d_model + config.n_decoder_layers * (
+            8 * config.d_model * config.num_heads * config.d_kv
+            + (3 if config.feed_forward_proj == "gated-gelu" else 2) * config.d_model * config.d_ff))
+    row_bytes = (np.dtype(config.compute_dtype).itemsize * config.n_decoder_layers * 2 * config.num_heads
+                 * config.d_kv * (enc_len + max_new_tokens))
+    if weight_bytes + batch * row_bytes <= _CACHE_BUDGET:
+        return 1
+    rows = batch
+    while rows % 2 == 0 and rows // 2 >= _MIN_CHUNK_ROWS and weight_bytes + rows * row_bytes > _CACHE_BUDGET:
+        rows //= 2
+    return batch // rows if weight_bytes + rows * row_bytes <= _CACHE_BUDGET else 1
 
 
 def sample_t5(params, encoder_tokens, rng, *, config, max_new_tokens: int, num_samples: int = 1, temperature=1.0,
-              top_k=0, top_p=1.0, min_new_tokens=0, max_top_k: int = 64, eos_id: int = 1) -> SampleOutput:
+              top_k=0, top_p=1.0, min_new_tokens=0, max_top_k: int = 64, eos_id: int = 1,
+              row_chunks: int | None = None) -> SampleOutput:
     """`num_samples` continuations per prompt from a T5 (jitted; returns `[batch, num_samples, ...]` leaves).
 
     Each prompt is encoded once and its cross-attention keys/values computed once, then shared by its samples;
     the self-attention cache is preallocated for `max_new_tokens`. Compiles once per (config, batch, prompt length,
-    num_samples, max_new_tokens, max_top_k): temperature, top_k, top_p and min_new_tokens are traced (see `sample`
-    for their meaning). Pad prompt lengths to a few buckets (`pad_to_bucket`) to keep compilations bounded.
+    num_samples, max_new_tokens, max_top_k, row_chunks): temperature, top_k, top_p and min_new_tokens are traced
+    (see `sample` for their meaning). Pad prompt lengths to a few buckets (`pad_to_bucket`) to keep compilations
+    bounded.
 
     Args:
       params: the T5's unboxed parameters (passed to the compiled function as arguments, not baked in).
       encoder_tokens: `[batch, enc_len]` int32 prompts, pad (0) on the right.
       rng: PRNG key.
+      row_chunks: decode the batch as this many groups of prompts, one after another (must divide batch); None
+        picks it with `auto_row_chunks`. Greedy outputs do not depend on it; sampled ones do (each group draws
+        from its own key), but are fixed for a given key and row_chunks.
     """
     _check_top_k(top_k, max_top_k)
-    return _sample_t5_jit(params, jnp.asarray(encoder_tokens, jnp.int32), rng,
-                          jnp.asarray(temperature, jnp.float32), jnp.asarray(top_k, jnp.int32),
-                          jnp.asarray(top_p, jnp.float32), jnp.asarray(min_new_tokens, jnp.int32), config=config,
-                          num_samples=num_samples, max_new_tokens=max_new_tokens, max_top_k=max_top_k, eos_id=eos_id)
+    encoder_tokens = jnp.asarray(encoder_tokens, jnp.int32)
+    batch, enc_len = encoder_tokens.shape
+    if row_chunks is None:
+        row_chunks = auto_row_chunks(config, batch, enc_len, num_samples, max_new_tokens)
+    if row_chunks < 1 or batch % row_chunks:
+        raise ValueError(f"row_chunks={row_chunks} must be a positive divisor of the batch size {batch}")
+    return _sample_t5_jit(params, encoder_tokens, rng, jnp.asarray(temperature, jnp.float32),
+                          jnp.asarray(top_k, jnp.int32), jnp.asarray(top_p, jnp.float32),
+                          jnp.asarray(min_new_tokens, jnp.int32), config=config, num_samples=num_samples,
+                          max_new_tokens=max_new_tokens, max_top_k=max_top_k, eos_id=eos_id, row_chunks=row_chunks)
 
 
 # ----------------------------------------------------------------------------------------------------------------

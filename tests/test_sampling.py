@@ -292,6 +292,37 @@ def test_t5_samples_differ_are_deterministic_and_knobs_do_not_recompile(params):
     assert sampling._sample_t5_jit._cache_size() == compiled
 
 
+def test_t5_row_chunks_leave_greedy_outputs_unchanged(params, greedy):
+    """Decoding the batch as groups of prompts, one loop per group, gives the one-loop result row for row."""
+    for chunks in (2, 4):
+        out = sampling.sample_t5(params, PROMPTS, jax.random.key(0), config=CONFIG, max_new_tokens=MAX_NEW,
+                                 temperature=0.0, row_chunks=chunks)
+        np.testing.assert_array_equal(out.tokens, greedy.tokens)
+        np.testing.assert_array_equal(out.lengths, greedy.lengths)
+        np.testing.assert_allclose(out.token_log_probs, greedy.token_log_probs, atol=1e-5)
+    kwargs = dict(config=CONFIG, max_new_tokens=MAX_NEW, temperature=1.0, top_p=0.9, row_chunks=2)
+    a = sampling.sample_t5(params, PROMPTS, jax.random.key(5), **kwargs)
+    b = sampling.sample_t5(params, PROMPTS, jax.random.key(5), **kwargs)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    with pytest.raises(ValueError, match="row_chunks=3 must be a positive divisor of the batch size 4"):
+        sampling.sample_t5(params, PROMPTS, jax.random.key(0), config=CONFIG, max_new_tokens=MAX_NEW, row_chunks=3)
+
+
+def test_auto_row_chunks_only_splits_large_decode_state_of_small_models_on_cpu():
+    from refiner_jax.models.t5 import preset
+
+    tiny, small = preset("t5-tiny"), preset("t5-small")
+    # t5-tiny: 2.29 MB of decoder weights (LM head included); each prompt of 128 tokens + 64 new ones caches
+    # 2 layers x (K, V) x 4 heads x 32 x 192 floats = 393 KB. With 8 rows that is 5.4 MB, under the 8 MiB budget;
+    # 16 rows (8.6 MB) are over it.
+    assert [sampling.auto_row_chunks(tiny, b, 128, 1, 64, "cpu") for b in (8, 16, 32, 128)] == [1, 2, 4, 16]
+    assert sampling.auto_row_chunks(tiny, 24, 128, 1, 64, "cpu") == 2  # 12 rows: 7.0 MB
+    assert sampling.auto_row_chunks(tiny, 25, 128, 1, 64, "cpu") == 1  # over budget, but no even split
+    assert sampling.auto_row_chunks(tiny, 32, 128, 8, 64, "cpu") == 1  # samples share their prompt's state
+    assert sampling.auto_row_chunks(tiny, 32, 128, 1, 64, "gpu") == 1
+    assert sampling.auto_row_chunks(small, 128, 128, 1, 64, "cpu") == 1  # weights alone exceed the budget
+
+
 def test_bucket_sizes():
     assert [sampling.bucket_size(n) for n in (1, 8, 9, 100, 128, 129)] == [8, 8, 16, 128, 128, 256]
     assert sampling.bucket_size(20, (16, 48, 32)) == 32

@@ -292,6 +292,48 @@ class Attention(nn.Module):
         out = jnp.einsum("bqhd,hdm->bqm", ctx, self.out.astype(dt))
         return nn.with_logical_constraint(out, ("batch", "activation_length", "activation_embed"))
 
+    def project(self, x: Array, *names: str) -> tuple[Array, ...]:
+        """`x` [batch, len, d_model] through the named `[d_model, heads, d_kv]` kernels ('query', 'key', 'value')
+        -> one `[batch, len, heads, d_kv]` per name, computed as a single row-major 2-D matmul.
+
+        In the decode loop, einsums to heads-major layouts made XLA:CPU copy a transposed kernel (and `x`) on every
+        step; a row-major 2-D product reads both as stored. The kernels' concatenation is loop-invariant, so XLA
+        hoists it out of the loop.
+        """
+        cfg = self.config
+        dt = cfg.compute_dtype
+        b, length, d = x.shape
+        kernel = jnp.concatenate([getattr(self, name).astype(dt).reshape(d, -1) for name in names], axis=1)
+        y = x.astype(dt).reshape(b * length, d) @ kernel  # [batch * len, len(names) * heads * d_kv]
+        return tuple(part.reshape(b, length, cfg.num_heads, cfg.d_kv) for part in jnp.split(y, len(names), axis=1))
+
+    def project_kv_decode(self, x: Array) -> tuple[Array, Array]:
+        """Keys and values of `x` [batch, len, d_model] in the decode-cache layout: keys transposed,
+        `[batch, heads, d_kv, len]`, values `[batch, heads, len, d_kv]`.
+
+        With keys transposed, a query's scores are a product along contiguous memory. On XLA:CPU this layout and
+        `project` together make a t5-small sampling run 2-5% faster than the training layout does.
+        """
+        k, v = self.project(x, "key", "value")
+        return (nn.with_logical_constraint(k.transpose(0, 2, 3, 1),
+                                           ("batch", "activation_heads", "activation_kv", "activation_length")),
+                nn.with_logical_constraint(v.transpose(0, 2, 1, 3),
+                                           ("batch", "activation_heads", "activation_length", "activation_kv")))
+
+    def decode(self, q: Array, keys_t: Array, values: Array, bias: Array) -> Array:
+        """Inference attention of queries `q` [batch, q, heads, d_kv] (from `project`) over decode-layout keys
+        `[batch, heads, d_kv, k]` and values `[batch, heads, k, d_kv]` (see `project_kv_decode`) -> `[batch, q,
+        d_model]`; the same result as `__call__`, without dropout."""
+        cfg = self.config
+        dt = cfg.compute_dtype
+        b, q_len = q.shape[:2]
+        logits = jnp.einsum("bqhd,bhdk->bhqk", q, keys_t).astype(jnp.float32) + bias  # [batch, heads, q, k]
+        weights = jax.nn.softmax(logits, axis=-1).astype(dt)
+        ctx = jnp.einsum("bhqk,bhkd->bqhd", weights, values).reshape(b * q_len, -1)  # [batch * q, heads * d_kv]
+        out = ctx @ self.out.astype(dt).reshape(-1, cfg.d_model)
+        return nn.with_logical_constraint(out.reshape(b, q_len, cfg.d_model),
+                                          ("batch", "activation_length", "activation_embed"))
+
 
 class MLP(nn.Module):
     """Feed-forward block: relu (v1.0) or gated tanh-gelu (v1.1), dropout after the activation."""
@@ -351,15 +393,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(self.config)
         self.dropout = Dropout(self.config.dropout_rate)
 
-    def _rest(self, x, cross_k, cross_v, cross_bias, deterministic):
-        """Cross-attention and feed-forward sub-blocks (shared by teacher forcing and the cached step)."""
-        h = self.pre_cross_attention_layer_norm(x)
-        n, q, d = h.shape
-        prompts = cross_k.shape[0]
-        if n != prompts:  # the samples of a prompt share its cross K/V: fold them into the query axis
-            h = h.reshape(prompts, n // prompts * q, d)
-        attended = self.encoder_decoder_attention(h, cross_k, cross_v, cross_bias, deterministic).reshape(n, q, d)
-        x = x + self.dropout(attended, deterministic=deterministic)
+    def _mlp_block(self, x, deterministic):
         h = self.pre_mlp_layer_norm(x)
         x = x + self.dropout(self.mlp(h, deterministic), deterministic=deterministic)
         return nn.with_logical_constraint(x, ("batch", "activation_length", "activation_embed"))
@@ -368,21 +402,33 @@ class DecoderLayer(nn.Module):
         h = self.pre_self_attention_layer_norm(x)
         k, v = self.self_attention.project_kv(h)
         x = x + self.dropout(self.self_attention(h, k, v, self_bias, deterministic), deterministic=deterministic)
+        h = self.pre_cross_attention_layer_norm(x)
         cross_k, cross_v = self.encoder_decoder_attention.project_kv(encoded)
-        return self._rest(x, cross_k, cross_v, cross_bias, deterministic)
+        attended = self.encoder_decoder_attention(h, cross_k, cross_v, cross_bias, deterministic)
+        return self._mlp_block(x + self.dropout(attended, deterministic=deterministic), deterministic)
 
     def cross_kv(self, encoded: Array) -> tuple[Array, Array]:
-        return self.encoder_decoder_attention.project_kv(encoded)
+        return self.encoder_decoder_attention.project_kv_decode(encoded)
 
-    def step(self, x, index, cache, cross_k, cross_v, self_bias, cross_bias):
-        """One position `x` [batch, 1, d_model] at `index`; writes its key/value into `cache` and attends over it."""
+    def step(self, x, index, cache, cross_k_t, cross_v, self_bias, cross_bias):
+        """One position `x` [batch, 1, d_model] at `index`; writes its key/value into `cache` and attends over it.
+        Keys are in the decode layout (`Attention.project_kv_decode`)."""
         h = self.pre_self_attention_layer_norm(x)
-        k, v = self.self_attention.project_kv(h)  # [batch, heads, 1, d_kv]
+        q, k, v = self.self_attention.project(h, "query", "key", "value")  # [batch, 1, heads, d_kv]
         zero = jnp.zeros((), jnp.int32)
-        keys = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), (zero, zero, index, zero))
-        values = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), (zero, zero, index, zero))
-        x = x + self.self_attention(h, keys, values, self_bias, True)
-        return self._rest(x, cross_k, cross_v, cross_bias, True), {"k": keys, "v": values}
+        keys_t = jax.lax.dynamic_update_slice(cache["k"], k.transpose(0, 2, 3, 1).astype(cache["k"].dtype),
+                                              (zero, zero, zero, index))
+        values = jax.lax.dynamic_update_slice(cache["v"], v.transpose(0, 2, 1, 3).astype(cache["v"].dtype),
+                                              (zero, zero, index, zero))
+        x = x + self.self_attention.decode(q, keys_t, values, self_bias)
+        h = self.pre_cross_attention_layer_norm(x)
+        n, length, d = h.shape
+        prompts = cross_k_t.shape[0]
+        if n != prompts:  # the samples of a prompt share its cross K/V: fold them into the query axis
+            h = h.reshape(prompts, n // prompts * length, d)
+        (q,) = self.encoder_decoder_attention.project(h, "query")
+        x = x + self.encoder_decoder_attention.decode(q, cross_k_t, cross_v, cross_bias).reshape(n, length, d)
+        return self._mlp_block(x, True), {"k": keys_t, "v": values}
 
 
 def _layer_class(cls, config: T5Config):
@@ -427,7 +473,8 @@ class T5(nn.Module):
         return self.decode(encoded, encoder_input_tokens, decoder_input_tokens, enable_dropout)
 
     def cross_kv(self, encoded: Array) -> tuple[tuple[Array, Array], ...]:
-        """Per decoder layer, the cross-attention (keys, values) `[batch, heads, enc_len, d_kv]` of `encoded`."""
+        """Per decoder layer, the cross-attention (keys `[batch, heads, d_kv, enc_len]`, values
+        `[batch, heads, enc_len, d_kv]`) of `encoded`, for `decode_step`."""
         return self.decoder.cross_kv(encoded)
 
     def decode_step(self, tokens: Array, index: Array, cache: dict, cross_kv: tuple, encoder_mask: Array):
@@ -454,9 +501,12 @@ class T5(nn.Module):
 
     @staticmethod
     def init_cache(config: T5Config, batch: int, max_len: int) -> dict:
-        """Empty self-attention cache: per decoder layer `{'k', 'v'}` of `[batch, heads, max_len, d_kv]`."""
+        """Empty self-attention cache: per decoder layer keys `'k'` `[batch, heads, d_kv, max_len]` (transposed,
+        see `Attention.project_kv_decode`) and values `'v'` `[batch, heads, max_len, d_kv]`."""
+        dt = config.compute_dtype
         shape = (batch, config.num_heads, max_len, config.d_kv)
-        return {f"layers_{i}": {"k": jnp.zeros(shape, config.compute_dtype), "v": jnp.zeros(shape, config.compute_dtype)}
+        return {f"layers_{i}": {"k": jnp.zeros((batch, config.num_heads, config.d_kv, max_len), dt),
+                                "v": jnp.zeros(shape, dt)}
                 for i in range(config.n_decoder_layers)}
 
 
@@ -521,7 +571,7 @@ class Decoder(nn.Module):
         return tuple(layer.cross_kv(encoded) for layer in self.layers)
 
     def step(self, x: Array, index: Array, cache: dict, cross_kv: tuple, encoder_mask: Array):
-        max_len = cache["layers_0"]["k"].shape[2]
+        max_len = cache["layers_0"]["v"].shape[2]
         visible = jnp.arange(max_len) <= index  # keys written so far
         self_bias = self.relpos_bias.row(index, max_len) + jnp.where(visible, 0.0, _MASK_VALUE)[None, None, None]
         cross_bias = _key_mask_bias(encoder_mask)
