@@ -314,7 +314,11 @@ class Attention(nn.Module):
         With keys transposed, a query's scores are a product along contiguous memory. On XLA:CPU this layout and
         `project` together make a t5-small sampling run 2-5% faster than the training layout does.
         """
-        k, v = self.project(x, "key", "value")
+        return self.decode_layout(*self.project(x, "key", "value"))
+
+    @staticmethod
+    def decode_layout(k: Array, v: Array) -> tuple[Array, Array]:
+        """`[batch, len, heads, d_kv]` keys and values (from `project`) -> the decode-cache layout."""
         return (nn.with_logical_constraint(k.transpose(0, 2, 3, 1),
                                            ("batch", "activation_heads", "activation_kv", "activation_length")),
                 nn.with_logical_constraint(v.transpose(0, 2, 1, 3),
@@ -415,11 +419,10 @@ class DecoderLayer(nn.Module):
         Keys are in the decode layout (`Attention.project_kv_decode`)."""
         h = self.pre_self_attention_layer_norm(x)
         q, k, v = self.self_attention.project(h, "query", "key", "value")  # [batch, 1, heads, d_kv]
+        k_t, v = self.self_attention.decode_layout(k, v)  # [batch, heads, d_kv, 1], [batch, heads, 1, d_kv]
         zero = jnp.zeros((), jnp.int32)
-        keys_t = jax.lax.dynamic_update_slice(cache["k"], k.transpose(0, 2, 3, 1).astype(cache["k"].dtype),
-                                              (zero, zero, zero, index))
-        values = jax.lax.dynamic_update_slice(cache["v"], v.transpose(0, 2, 1, 3).astype(cache["v"].dtype),
-                                              (zero, zero, index, zero))
+        keys_t = jax.lax.dynamic_update_slice(cache["k"], k_t.astype(cache["k"].dtype), (zero, zero, zero, index))
+        values = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), (zero, zero, index, zero))
         x = x + self.self_attention.decode(q, keys_t, values, self_bias)
         h = self.pre_cross_attention_layer_norm(x)
         n, length, d = h.shape
