@@ -25,7 +25,8 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     try:
-        critic_tool.read_jsonl(_INPUT.value)  # fail on a bad line before loading the model
+        records = critic_tool.read_jsonl(_INPUT.value)  # fail on a bad record before loading the model
+        critic_tool.records_to_examples(records, refine.RunInfo.load(_WORKDIR.value).task(), _INPUT.value)
         demos = critic_tool.read_demonstrations(_DEMOS.value) if _DEMOS.value else None
     except critic_tool.CriticInputError as e:
         raise SystemExit(f"error: {e}") from e

@@ -171,7 +171,7 @@ def load_params(directory: str | os.PathLike, target: Any = None) -> tuple[Any, 
     """``(params, metadata)`` from an ``export_params`` directory.
 
     ``target``: abstract params (ShapeDtypeStructs with shardings) to load onto a mesh; None loads every array
-    onto the first device with its saved shape and dtype.
+    onto this process's first device with its saved shape and dtype.
     """
     directory = os.path.abspath(os.fspath(directory))
     path = os.path.join(directory, "params")
@@ -180,7 +180,7 @@ def load_params(directory: str | os.PathLike, target: Any = None) -> tuple[Any, 
     checkpointer = ocp.PyTreeCheckpointer()
     if target is None:
         saved = checkpointer.metadata(path).item_metadata.tree
-        device = SingleDeviceSharding(jax.devices()[0])
+        device = SingleDeviceSharding(jax.local_devices()[0])
         target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), saved)
     params = checkpointer.restore(path, args=ocp.args.PyTreeRestore(item=target, restore_args=_restore_args(target)))
     meta_path = os.path.join(directory, "metadata.json")

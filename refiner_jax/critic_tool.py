@@ -19,7 +19,7 @@ import os
 import random
 from typing import Any, Callable, Iterable, Sequence
 
-from refiner_jax import refine
+from refiner_jax import evaluate, refine
 from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task
 
 
@@ -217,6 +217,7 @@ def run_tool(critic: refine.Critic, task: Task, input_path: str, output_path: st
     """Reads `input_path` (all lines are checked first), writes the annotated records to `output_path` in chunks
     of `chunk_size`; returns the number of records."""
     records = read_jsonl(input_path)
+    records_to_examples(records, task, input_path)  # every record is checked before the output file is touched
     fmt = prompt_format(task.name, demonstrations) if render else None
     with open(output_path, "w", encoding="utf-8") as f:
         for start in range(0, len(records), chunk_size):
@@ -286,6 +287,19 @@ def choose_example(examples: Sequence[Example], ask: Callable[[str], str], show:
     if not typed:
         return choose_example(examples, ask, show, rng)
     return Example(uid="typed", x=typed, z="", y="")
+
+
+def interactive_session(workdir: str, turns: int = 3, split: str = "test", use_critic: bool = True,
+                        ask: Callable[[str], str] = input,
+                        show: Callable[[str], None] = print) -> list[refine.Trajectory]:
+    """`interactive_loop` over a trained run: its generator (REFINER, else warm-up), its critic's suggestions (when
+    `use_critic` and the critic stage is trained) and the problems of `split`, one prompt at a time."""
+    run = refine.RunInfo.load(workdir)
+    task = run.task()
+    _, generator, suggest = evaluate.load_run_models(run, task, batch_size=1, with_critic=use_critic)
+    examples = task.load(split, run.config["task"].get("data_dir") or None)
+    template = run.config.get("refiner", {}).get("template", DEFAULT_REFINE_TEMPLATE)
+    return interactive_loop(task, generator, examples, suggest, turns, template, ask, show)
 
 
 def interactive_loop(task: Task, generator, examples: Sequence[Example], suggest: refine.Critic | None = None,

@@ -307,6 +307,25 @@ def generator_stage_dir(workdir: str, stages: Sequence[str] = ("refiner", "warmu
                             "(train with launch/train.py --workdir=...)")
 
 
+def load_run_models(run: refine.RunInfo, task: Task, batch_size: int, with_critic: bool = True
+                    ) -> tuple[str, refine.TextModel, refine.ModelCritic | None]:
+    """(generator stage directory, generator, trained critic) of a run: the REFINER generator (else the warm-up
+    one) and the critic, None when it was not trained or `with_critic` is False. Prompts are padded to the run's
+    token budgets, so each model compiles its sampler once."""
+    generator_dir = generator_stage_dir(run.workdir)
+    tokenizer = run.tokenizer()
+    lengths = run.lengths
+    generator = refine.load_text_model(generator_dir, tokenizer, lengths["refine_input"], lengths["target"],
+                                       lengths["refine_input"], batch_size)
+    critic = None
+    critic_dir = os.path.join(run.workdir, "critic")
+    if with_critic and os.path.isdir(os.path.join(critic_dir, "export")):
+        critic = refine.ModelCritic(refine.load_text_model(critic_dir, tokenizer, lengths["critic_input"],
+                                                           lengths["feedback"], lengths["critic_input"], batch_size),
+                                    task)
+    return generator_dir, generator, critic
+
+
 def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples: int | None = None,
                  turns: int | None = None, out_dir: str | None = None) -> dict[str, Any]:
     """Evaluates a trained run directory and writes `results.md`, `results.json`, `predictions.jsonl` and plots
@@ -332,24 +351,13 @@ def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples:
     seed = int(run.config.get("seed", 0))
     limit = max_examples if max_examples is not None else eval_cfg.get("examples")
 
-    generator_dir = generator_stage_dir(workdir)
     task = run.task()
     data_dir = run.config.get("task", {}).get("data_dir") or None
     examples = task.load("test", data_dir)
-    examples = examples[:int(limit)] if limit else examples
-    tokenizer = run.tokenizer()
-    lengths = run.lengths
-    # Prompts padded to the full budget: each model compiles its sampler once for the whole evaluation.
-    generator = refine.load_text_model(generator_dir, tokenizer, lengths["refine_input"], lengths["target"],
-                                       lengths["refine_input"], batch_size)
-    critic = None
-    critic_dir = os.path.join(workdir, "critic")
-    if os.path.isdir(os.path.join(critic_dir, "export")):
-        critic = refine.ModelCritic(refine.load_text_model(critic_dir, tokenizer, lengths["critic_input"],
-                                                           lengths["feedback"], lengths["critic_input"], batch_size),
-                                    task)
-    else:
-        print(f"[eval] {critic_dir}/export not found: the trained-critic rows are left out")
+    examples = examples[:int(limit)] if limit is not None else examples
+    generator_dir, generator, critic = load_run_models(run, task, batch_size)
+    if critic is None:
+        print(f"[eval] {os.path.join(workdir, 'critic')}/export not found: the trained-critic rows are left out")
 
     z0 = generator.greedy([ex.x for ex in examples])
     results = evaluate_refinement(task, generator, critic, None, examples, turns, template, samples, seed,

@@ -187,3 +187,49 @@ def test_interactive_no_hint_typed_and_bad_index():
     assert traj.hypotheses == ["x"] and traj.feedback == [NO_HINT]
     assert "no problem 7: there are 1" in shown
     assert "Suggested:  No hint" in "\n".join(shown)
+
+
+def test_interactive_session_loads_a_run_directory(tmp_path, monkeypatch):
+    """A run directory as launch/train.py writes it (the base config's token budgets): the REFINER generator and
+    the critic are loaded for one prompt at a time at the full budgets, and the session runs on the test split."""
+    from refiner_jax.training import config as config_lib
+
+    config = config_lib.base_config()
+    config.task.options = {"synthetic_sizes": {"train": 8, "val": 4, "test": 4}}
+    (tmp_path / "config.json").write_text(config.to_json())
+    for stage in ("warmup", "refiner", "critic"):
+        (tmp_path / stage / "export").mkdir(parents=True)
+    monkeypatch.setattr(refine.RunInfo, "tokenizer", lambda self: None)
+    test = get_task("mwp", **config.task.options).load("test")
+    loaded = []
+
+    def fake_load(stage_dir, tokenizer, max_input, max_output, bucket=16, batch_size=64):
+        loaded.append((stage_dir.rsplit("/", 1)[-1], max_input, max_output, bucket, batch_size))
+        if stage_dir.endswith("critic"):
+            return type("Critic", (), {"greedy": lambda self, texts: [NO_HINT] * len(texts),
+                                       "score": lambda self, texts, targets: [0.0] * len(texts)})()
+        return FixingGenerator({ex.x: ex.z for ex in test})
+
+    monkeypatch.setattr(refine, "load_text_model", fake_load)
+    shown = []
+    [traj] = critic_tool.interactive_session(str(tmp_path), turns=2, ask=_scripted(["2", "", "q"]),
+                                             show=shown.append)
+    lengths = config.lengths
+    assert loaded == [("refiner", lengths.refine_input, lengths.target, lengths.refine_input, 1),
+                      ("critic", lengths.critic_input, lengths.feedback, lengths.critic_input, 1)]
+    assert traj.hypotheses == [test[2].z] and traj.feedback == [NO_HINT]  # Enter took the critic's suggestion
+    assert "Suggested:  No hint" in "\n".join(shown)
+    loaded.clear()
+    critic_tool.interactive_session(str(tmp_path), use_critic=False, ask=_scripted(["q"]), show=shown.append)
+    assert [name for name, *_ in loaded] == ["refiner"]
+
+
+def test_run_tool_checks_every_record_before_writing(tmp_path):
+    moral = get_task("moral_stories")
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(src, [json.dumps({"question": "s", "hypothesis": "h", "y": "a"}),
+                 json.dumps({"question": "s", "hypothesis": "h"})])
+    dst.write_text("earlier results\n")
+    with pytest.raises(critic_tool.CriticInputError, match="line 2: task 'moral_stories'"):
+        critic_tool.run_tool(RecordingCritic(moral), moral, str(src), str(dst))
+    assert dst.read_text() == "earlier results\n"

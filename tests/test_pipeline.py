@@ -1,11 +1,15 @@
 """The REFINER run pipeline: config validation before any compile, the stages end to end on a tiny model,
-skip-finished-stages, and the REFINER turn construction against a hand-traced example."""
+skip-finished-stages, resume of an interrupted stage, and the REFINER turn construction against a hand-traced
+example."""
 import json
 import os
+import shutil
 
+import jax
 import numpy as np
 import pytest
 
+from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax.tasks import get_task
 from refiner_jax.tasks.base import Example, feedback_matches
 from refiner_jax.training import config as config_lib
@@ -36,17 +40,55 @@ def tiny_config():
     ("critic.optimizer.name", "sgd", "config.critic.optimizer.name: 'sgd' is not supported"),
     ("tokenizer.kind", "hf", "config.tokenizer.path: an hf tokenizer needs"),
     ("warmup.microbatches", 3, "config.warmup.microbatches"),
+    ("refiner.template", "{x} {z} {f} {answer}", r"config.refiner.template: unknown fields \['answer'\]"),
+    ("refiner.template", "{x} {z} {f} }", "config.refiner.template: Single '}'"),
+    ("eval.examples", 0, "config.eval.examples: must be >= 1"),
+    ("eval.bootstrap_samples", 0, "config.eval.bootstrap_samples"),
+    ("checkpoint.every", 0, "config.checkpoint.every: must be >= 1"),
+    ("checkpoint.keep", 0, "config.checkpoint.keep: must be >= 1"),
+    ("log_every", 0, "config.log_every: must be >= 1"),
 ])
 def test_bad_config_is_rejected_before_anything_runs(tmp_path, field, value, message):
     c = tiny_config()
-    section, name = field.rsplit(".", 1)
+    *sections, name = field.split(".")
     node = c
-    for part in section.split("."):
+    for part in sections:
         node = node[part]
     node[name] = value
     with pytest.raises(config_lib.ConfigError, match=message):
         pipeline.run(c, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()  # nothing was created, let alone trained
+
+
+def test_batch_sizes_are_checked_against_the_mesh():
+    c = tiny_config()  # critic and warm-up 8 rows, REFINER 4 problems x 3 turns = 12 rows per update
+    config_lib.validate_for_mesh(c, batch_shards=4)
+    with pytest.raises(config_lib.ConfigError, match=r"config.critic.batch_size: 8 = 8 rows .* multiple of 16"):
+        config_lib.validate_for_mesh(c, batch_shards=16)
+    c.critic.batch_size = c.warmup.batch_size = 16
+    with pytest.raises(config_lib.ConfigError,
+                       match=r"config.refiner.batch_size: 4 x refiner.turns 3 = 12 rows .* multiple of 8"):
+        config_lib.validate_for_mesh(c, batch_shards=8)
+    c.refiner.batch_size = 8
+    config_lib.validate_for_mesh(c, batch_shards=8)
+    c.warmup.microbatches = 4
+    with pytest.raises(config_lib.ConfigError, match=r"config.warmup.batch_size: .*multiple of 32"):
+        config_lib.validate_for_mesh(c, batch_shards=8)
+    with pytest.raises(config_lib.ConfigError, match="config.critic.batch_size: 8 does not split over the 3 proc"):
+        config_lib.validate_for_mesh(tiny_config(), batch_shards=1, processes=3)
+
+
+def test_missing_prerequisites_and_data_name_the_fix(tmp_path):
+    with pytest.raises(config_lib.ConfigError, match=r"refiner stage starts from the warmed-up generator, so run "
+                                                     r"the warmup stage first \(--stages=warmup,refiner"):
+        pipeline.run(tiny_config(), str(tmp_path / "a"), stages=("refiner",))
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(config_lib.ConfigError, match="gs://B/run is a URL"):
+        pipeline.run(tiny_config(), "gs://B/run")
+    c = tiny_config()
+    c.task.options = {"synthetic_sizes": {"train": 6, "val": 4, "test": 4}}
+    with pytest.raises(config_lib.ConfigError, match="config.critic.batch_size: 8 is more than the 6 training"):
+        pipeline.run(c, str(tmp_path / "b"))
 
 
 def test_refiner_turns_follow_the_oracle(monkeypatch):
@@ -91,7 +133,11 @@ def test_critic_pairs_are_resumable():
     b = make(None, np.arange(16), step=5)
     assert a == b  # the same step draws the same perturbations after a restart
     assert a != make(None, np.arange(16), step=6)
-    assert all(task.critic_input(train[i], "")[:20] == a[i][0][:20] for i in range(16))
+    for ex, (critic_input, feedback) in zip(train[:16], a):
+        prefix = task.critic_input(ex, "")
+        assert critic_input.startswith(prefix)
+        assert feedback == task.oracle_feedback(ex, critic_input[len(prefix):]).text  # the target is the oracle's
+    assert {f for _, f in a} - {"No hint"}  # some of them are perturbed
 
 
 def test_critic_pairs_from_the_generator_carry_the_oracle_feedback():
@@ -126,7 +172,7 @@ def test_warmup_mixes_in_revision_instances_from_perturbations():
     for (x, _), ex in zip(pairs[:2], train):
         problem, hypothesis, feedback = x.split(" @@ ")
         assert problem == ex.x and feedback == task.oracle_feedback(ex, hypothesis).text
-    assert refiner_lib.warmup_pairs(train)(None, np.arange(3), 0) == [(ex.x, ex.z) for ex in train[:3]]
+    assert refiner_lib.warmup_pairs(train, task)(None, np.arange(3), 0) == [(ex.x, ex.z) for ex in train[:3]]
 
 
 def test_critic_from_generator_samples_needs_the_warmup_first(tmp_path):
@@ -137,7 +183,7 @@ def test_critic_from_generator_samples_needs_the_warmup_first(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_all_stages_run_resume_and_skip(tmp_path, capsys):
+def test_all_stages_run_skip_and_resume(tmp_path, capsys):
     c = tiny_config()
     assert c.critic.generator_fraction > 0 and c.warmup.feedback_fraction > 0  # both paths run end to end
     workdir = str(tmp_path / "run")
@@ -155,6 +201,20 @@ def test_all_stages_run_resume_and_skip(tmp_path, capsys):
     again = pipeline.run(c, workdir, stages=("critic", "warmup", "refiner"))
     assert again["critic"] == results["critic"]
     assert os.path.getmtime(os.path.join(workdir, "critic", "DONE")) == mtime
+    # ... an interrupted stage resumes from its last checkpoint and ends where the uninterrupted run ended ...
+    refiner_dir = os.path.join(workdir, "refiner")
+    exported, _ = ckpt_lib.load_params(os.path.join(refiner_dir, "export"))
+    steps = sorted(int(d) for d in os.listdir(os.path.join(refiner_dir, "ckpt")) if d.isdigit())
+    assert steps[-2:] == [2, 4]
+    shutil.rmtree(os.path.join(refiner_dir, "ckpt", "4"))
+    shutil.rmtree(os.path.join(refiner_dir, "export"))
+    os.remove(os.path.join(refiner_dir, "DONE"))
+    capsys.readouterr()
+    resumed = pipeline.run(c, workdir, stages=("critic", "warmup", "refiner"))
+    assert "[refiner] resumed from step 2" in capsys.readouterr().out
+    assert resumed["refiner"] == results["refiner"]
+    jax.tree.map(np.testing.assert_array_equal, ckpt_lib.load_params(os.path.join(refiner_dir, "export"))[0],
+                 exported)
     # ... and refuses a config that would make them meaningless.
     c2 = tiny_config()
     c2.model.preset = "t5-small"
@@ -200,3 +260,18 @@ def test_shipped_configs_are_valid(path, variant):
     config_lib.validate(module.get_config(variant))
     with pytest.raises(ValueError, match="variant"):
         module.get_config("no-such-variant")
+
+
+def test_generator_targets_carry_the_moral_action():
+    """Moral Stories' generator writes the norm and then the moral action; the training pairs must teach both,
+    in the format that the task's own metrics read."""
+    task = get_task("moral_stories")
+    ex = Example("m0", "<|SIT|> Ann found a wallet. <|INT|> Ann wants money. <|NRM|>", "It's good to return "
+                 "lost things.", "Ann returns the wallet to its owner.", {})
+    target = "It's good to return lost things. <|M_ACT|> Ann returns the wallet to its owner."
+    assert task.target(ex) == target
+    pairs = refiner_lib.warmup_pairs([ex] * 4, task, feedback_fraction=0.5, seed=0)(None, np.arange(4), 0)
+    assert [t for _, t in pairs] == [target] * 4
+    scores = task.score([target], [ex])
+    assert scores["norm_rougeL"] == scores["action_rougeL"] == 1.0
+    assert task.score([ex.z], [ex])["action_rougeL"] == 0.0  # the norm alone earns no action credit

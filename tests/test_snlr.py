@@ -263,18 +263,22 @@ def test_oracle_structured_errors(task):
     assert fb.ok  # a true but unneeded category step is no error
 
 
-def test_oracle_accepts_rebuilt_chains_and_flags_leaky_released_ones(task, released):
+def test_oracle_accepts_rebuilt_chains_and_flags_leaky_released_ones(task, released, released_raw):
     passed = 0
     for split in SPLIT_SIZES:
-        for e in released[split]:
+        for e, raw in zip(released[split], released_raw[split]):
             assert task.oracle_feedback(e, build_chain(e.meta)).text == NO_HINT
-            passed += task.oracle_feedback(e, e.z).ok
+            passed += task.oracle_feedback(e, raw["explanations"]).ok
+            # z is the released chain where the oracle accepts it, else the rebuilt one: never a target it rejects
+            assert e.z == (raw["explanations"] if task.oracle_feedback(e, raw["explanations"]).ok
+                           else build_chain(e.meta))
     assert passed == 10867
     # REFINER train item 3: an `and` rule whose chain states only one conjunct
-    item = released["train"][3]
-    assert item.z == "#0: giraffe is animal #1: giraffe is clean #2: giraffe is sad "
-    errors = task.oracle_feedback(item, item.z).errors
+    item, raw = released["train"][3], released_raw["train"][3]["explanations"]
+    assert raw == "#0: giraffe is animal #1: giraffe is clean #2: giraffe is sad "
+    errors = task.oracle_feedback(item, raw).errors
     assert [(e.kind, e.detail) for e in errors] == [("missing_link", "giraffe is strong")]
+    assert item.z == build_chain(item.meta) != raw
 
 
 # ------------------------------------------------------------------------------------------- perturbations

@@ -69,6 +69,10 @@ class Task(Protocol):
     def load(self, split: str, data_dir: str | None = None, **kwargs) -> list[Example]:
         """Examples of `split` ("train", "val", "test"); `data_dir=None` means the task's default source."""
 
+    def target(self, example: Example) -> str:
+        """The generator's training target: the gold hypothesis z, and whatever the generator writes after it
+        (Moral Stories: `<|M_ACT|>` and the moral action); `score` and `oracle_feedback` read this format."""
+
     def critic_input(self, example: Example, hypothesis: str) -> str:
         """The text the critic reads: the problem followed by a hypothesis."""
 

@@ -529,6 +529,10 @@ class GSM8KTask:
 
     # -- texts
 
+    @staticmethod
+    def target(example: Example) -> str:
+        return example.z
+
     def critic_input(self, example: Example, hypothesis: str) -> str:
         """Question and solution separated by a newline (the GSM8K prompt layout), so step lines stay visible."""
         return f"{example.x}\n{hypothesis}"

@@ -573,6 +573,10 @@ class MWPTask:
 
     # -- critic
 
+    @staticmethod
+    def target(example: Example) -> str:
+        return example.z
+
     def critic_input(self, example: Example, hypothesis: str) -> str:
         return f"{example.x} {hypothesis}"
 

@@ -5,6 +5,8 @@ tree before anything is built or compiled and names the field and the fix when s
 """
 from __future__ import annotations
 
+import string
+
 import ml_collections
 
 from refiner_jax.models.t5 import PRESETS
@@ -141,9 +143,46 @@ def validate(c: ml_collections.ConfigDict) -> None:
     need(0.0 <= r.feedback_noise <= 1.0, "refiner.feedback_noise", "must be a probability in [0, 1]")
     for key in ("{x}", "{z}", "{f}"):
         need(key in r.template, "refiner.template", f"must contain {key} (got {r.template!r})")
+    try:
+        fields = {name for _, name, _, _ in string.Formatter().parse(r.template) if name is not None}
+    except ValueError as e:
+        raise ConfigError(f"config.refiner.template: {e} in {r.template!r}; write a literal brace as {{{{ or }}}}")
+    need(fields <= {"x", "z", "f"}, "refiner.template",
+         f"unknown fields {sorted(fields - {'x', 'z', 'f'})} in {r.template!r}; only {{x}}, {{z}} and {{f}} exist")
     need(c.eval.turns >= 1, "eval.turns", "must be >= 1")
+    need(c.eval.examples >= 1, "eval.examples", "must be >= 1 (test problems to evaluate)")
+    need(c.eval.batch_size >= 1, "eval.batch_size", "must be >= 1")
+    need(c.eval.bootstrap_samples >= 1, "eval.bootstrap_samples", "must be >= 1 (1000 is usual)")
+    need(c.checkpoint.every >= 1, "checkpoint.every", "must be >= 1 (training steps between checkpoints)")
+    need(c.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1 (latest checkpoints to keep)")
+    need(c.log_every >= 1, "log_every", "must be >= 1 (training steps between logged metrics)")
     need(all(0.0 <= e <= 1.0 for e in c.eval.noise_levels), "eval.noise_levels", "must be probabilities")
     for axis in ("data", "fsdp", "tensor"):
         need(int(c.mesh[axis]) == -1 or int(c.mesh[axis]) >= 1, f"mesh.{axis}", "must be a positive size or -1")
     need(sum(int(c.mesh[a]) == -1 for a in ("data", "fsdp", "tensor")) <= 1, "mesh",
          "at most one axis may be -1 (fill in)")
+
+
+def stage_rows(c: ml_collections.ConfigDict, stage_name: str) -> int:
+    """Rows of one update of a training stage: its batch size, times the turns for the REFINER loop (every turn
+    adds one pair per problem)."""
+    stage = c[stage_name]
+    return stage.batch_size * (c.refiner.turns if stage_name == "refiner" else 1)
+
+
+def validate_for_mesh(c: ml_collections.ConfigDict, batch_shards: int, processes: int = 1) -> None:
+    """Raises `ConfigError` naming the stage's batch size when its microbatches cannot be split evenly over the
+    mesh's `batch_shards` (data x fsdp devices) and the processes; call once the mesh exists, before compiling."""
+    for stage_name in ("critic", "warmup", "refiner"):
+        stage = c[stage_name]
+        rows = stage_rows(c, stage_name)
+        unit = stage.microbatches * batch_shards
+        turns = f" x refiner.turns {c.refiner.turns}" if stage_name == "refiner" else ""
+        if rows % unit:
+            raise ConfigError(
+                f"config.{stage_name}.batch_size: {stage.batch_size}{turns} = {rows} rows per update must split "
+                f"into {stage_name}.microbatches={stage.microbatches} microbatches over the {batch_shards} batch "
+                f"shards of the mesh (data x fsdp); use a multiple of {unit} rows")
+        if stage.batch_size % processes:
+            raise ConfigError(f"config.{stage_name}.batch_size: {stage.batch_size} does not split over the "
+                              f"{processes} processes; use a multiple of {processes}")

@@ -13,6 +13,7 @@ import random
 import time
 from typing import Any
 
+import jax
 import ml_collections
 
 from refiner_jax import checkpoint as ckpt_lib
@@ -68,7 +69,7 @@ def build_tokenizer(config, task: Task, train: list[Example], workdir: str) -> T
         rng = random.Random(config.seed)
         for ex in train:
             hypothesis, feedback = task.perturb(ex, rng)
-            texts += [ex.x, ex.z, feedback.text,
+            texts += [ex.x, task.target(ex), feedback.text,
                       refine_input("", hypothesis, feedback.text, config.refiner.template)]
         texts.append(NO_HINT)
         tokenizer = train_subword_tokenizer(texts, config.tokenizer.vocab_size,
@@ -94,13 +95,21 @@ def model_setup(config, tokenizer: Tokenizer) -> tuple[T5Config, Any]:
 def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...] = STAGES) -> dict:
     """Runs (or resumes) the requested stages; returns {stage: final metrics}."""
     config_lib.validate(config)
+    if "://" in workdir:
+        raise config_lib.ConfigError(f"--workdir {workdir} is a URL; use a filesystem path (mount a bucket with "
+                                     "gcsfuse to keep runs in Cloud Storage)")
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise config_lib.ConfigError(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
-    if (config.critic.generator_fraction > 0 and "critic" in stages and "warmup" not in stages
-            and stage_done(workdir, "critic") is None and stage_done(workdir, "warmup") is None):
-        raise config_lib.ConfigError("config.critic.generator_fraction > 0: the critic samples from the warmed-up "
-                                     "generator, so run the warmup stage first (--stages=warmup,critic,...)")
+    built_on_warmup = {
+        "critic": "config.critic.generator_fraction > 0: the critic samples from the warmed-up generator",
+        "refiner": "the refiner stage starts from the warmed-up generator"}
+    if config.critic.generator_fraction <= 0:
+        del built_on_warmup["critic"]
+    for name, why in built_on_warmup.items():
+        if (name in stages and "warmup" not in stages and stage_done(workdir, name) is None
+                and stage_done(workdir, "warmup") is None):
+            raise config_lib.ConfigError(f"{why}, so run the warmup stage first (--stages=warmup,{name},...)")
     os.makedirs(workdir, exist_ok=True)
     _check_workdir_config(workdir, config)
     task = get_task(config.task.name, **dict(config.task.options))
@@ -109,6 +118,12 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
     tokenizer = build_tokenizer(config, task, splits["train"], workdir)
     model_config, pretrained = model_setup(config, tokenizer)
     mesh = shd.make_mesh(dict(config.mesh))
+    config_lib.validate_for_mesh(config, shd.batch_divisor(mesh), jax.process_count())
+    for name in ("critic", "warmup", "refiner"):
+        if config[name].batch_size > len(splits["train"]):
+            raise config_lib.ConfigError(
+                f"config.{name}.batch_size: {config[name].batch_size} is more than the {len(splits['train'])} "
+                "training examples; use a smaller batch or more data")
     log = MetricsLog(workdir)
     lengths = config.lengths
     common = dict(workdir=workdir, model_config=model_config, tokenizer=tokenizer, mesh=mesh, seed=config.seed,

@@ -8,7 +8,8 @@ REFINER  for each batch, T turns: turn 1 is (x -> z*); between turns the current
          probability epsilon), and turn t+1 is (template(x, z', f) -> z*). All T*B pairs form one batch whose
          token-mean loss is the sum of the T per-turn losses up to the constant factor T (every turn has the same
          targets), so one update minimises the summed loss.
-Everything random is seeded by (seed, step), which makes every stage resumable bit for bit.
+z* is the task's generator target (`Task.target`): the gold hypothesis, with the moral action after it on Moral
+Stories. Everything random is seeded by (seed, step), which makes every stage resumable bit for bit.
 """
 from __future__ import annotations
 
@@ -80,18 +81,16 @@ def critic_metrics(task: Task, critic: TextModel, eval_set) -> dict[str, float]:
     return out
 
 
-def warmup_pairs(examples: Sequence[Example], task: Task | None = None, feedback_fraction: float = 0.0,
+def warmup_pairs(examples: Sequence[Example], task: Task, feedback_fraction: float = 0.0,
                  template: str = DEFAULT_REFINE_TEMPLATE, seed: int = 0):
-    """`make_pairs` for the generator warm-up: (x -> z*).
+    """`make_pairs` for the generator warm-up: (x -> z*), z* being `task.target` (the gold hypothesis, and the moral
+    action after it on Moral Stories).
 
     With `feedback_fraction` > 0 that share of each batch is instead a revision instance (template(x, z', f) -> z*)
     with z' a fresh perturbation of the gold (or the gold itself) and f the oracle's feedback on it, as the
     reference code's feedback-augmented warm start builds them: the generator learns to act on feedback before
     the REFINER loop, where its own samples are mostly too close to its greedy answer to teach that.
     """
-    if feedback_fraction > 0 and task is None:
-        raise ValueError("warmup_pairs: feedback_fraction > 0 needs the task to perturb hypotheses")
-
     def make(params: Any, indices: np.ndarray, step: int):
         batch = [examples[int(i)] for i in indices]
         with_feedback = int(round(len(batch) * feedback_fraction))
@@ -100,9 +99,9 @@ def warmup_pairs(examples: Sequence[Example], task: Task | None = None, feedback
         for k, ex in enumerate(batch):
             if k < with_feedback:
                 hypothesis, feedback = task.perturb(ex, rng)
-                pairs.append((refine_input(ex.x, hypothesis, feedback.text, template), ex.z))
+                pairs.append((refine_input(ex.x, hypothesis, feedback.text, template), task.target(ex)))
             else:
-                pairs.append((ex.x, ex.z))
+                pairs.append((ex.x, task.target(ex)))
         return pairs
 
     return make
@@ -133,7 +132,7 @@ def refiner_pairs(task: Task, examples: Sequence[Example], generator: TextModel,
         rng = _rng(seed, step, 1)
         key = jax.random.fold_in(jax.random.key(seed), step)
         inputs = [ex.x for ex in batch]
-        pairs = [(x, ex.z) for x, ex in zip(inputs, batch)]
+        pairs = [(x, task.target(ex)) for x, ex in zip(inputs, batch)]
         for turn in range(1, refiner_cfg.turns):
             samples = model.generate(inputs, num_samples=refiner_cfg.samples, top_p=refiner_cfg.top_p,
                                      temperature=refiner_cfg.temperature, rng=jax.random.fold_in(key, turn))
@@ -145,7 +144,7 @@ def refiner_pairs(task: Task, examples: Sequence[Example], generator: TextModel,
                 else:
                     feedback = task.oracle_feedback(ex, chosen).text
                 inputs.append(refine_input(ex.x, chosen, feedback, refiner_cfg.template))
-            pairs += [(x, ex.z) for x, ex in zip(inputs, batch)]
+            pairs += [(x, task.target(ex)) for x, ex in zip(inputs, batch)]
         return pairs
 
     return make
