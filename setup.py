@@ -30,8 +30,8 @@ setup(
     packages=find_packages(include=["refiner_jax", "refiner_jax.*"]),
     install_requires=CORE,
     extras_require={
-        # torch is only a reference implementation for parity tests and benchmarks.
-        "test": ["pytest>=8", "hypothesis>=6.100", "torch==2.13.0"],
+        # torch, rouge-score and sacrebleu are only reference implementations for parity tests and benchmarks.
+        "test": ["pytest>=8", "hypothesis>=6.100", "torch==2.13.0", "rouge-score==0.1.2", "sacrebleu==2.6.0"],
         "gpu": ["jax[cuda12]==0.10.2"],
         "tpu": ["jax[tpu]==0.10.2"],
     },

@@ -246,6 +246,14 @@ def test_noise_study_hand_worked():
     assert by_eps[0.0]["mean"] == 1.0 and (by_eps[0.0]["low"], by_eps[0.0]["high"]) == (1.0, 1.0)
     assert by_eps[1.0]["mean"] == 0.75
     assert by_eps[0.5]["mean"] in (0.75, 1.0)
+    # Over 400 copies of q2 (even uids: random feedback is "No hint", which stops them wrong), epsilon 0.5 fixes
+    # the half whose first feedback is the oracle's.
+    at_stake = [Example(str(2 * i), EXAMPLES[2].x, EXAMPLES[2].z, EXAMPLES[2].y) for i in range(400)]
+    half = evaluate.noise_study(ToyTask(), ToyGenerator(), None, at_stake, epsilons=(0.0, 0.5, 1.0), turns=3,
+                                bootstrap_samples=50)
+    means = [r["mean"] for r in half["rows"]]
+    assert means[0] == 1.0 and means[2] == 0.0
+    assert 0.4 < means[1] < 0.6
     with pytest.raises(ValueError, match="epsilon"):
         evaluate.noise_study(ToyTask(), ToyGenerator(), None, EXAMPLES, epsilons=(1.5,))
 

@@ -403,12 +403,16 @@ def test_synthetic_majority_baseline_is_far_from_solving(task, synthetic):
 def test_synthetic_retrieval_baseline_full(task, synthetic):
     """Measured: 46.8% equation EM (copying the formula of the most word-similar training problem)."""
     predictions = synthetic_mwp.retrieval_baseline(synthetic["train"], synthetic["test"])
-    assert task.score(predictions, synthetic["test"])["equation_em_canonical"] < 0.5
+    assert 0.40 < task.score(predictions, synthetic["test"])["equation_em_canonical"] < 0.5
 
 
 def test_synthetic_retrieval_baseline_small(task, synthetic):
-    predictions = synthetic_mwp.retrieval_baseline(synthetic["train"][:1000], synthetic["test"][:200])
-    assert task.score(predictions, synthetic["test"][:200])["equation_em_canonical"] < 0.5
+    """Measured: 42.5% on 200 test problems from 1,000 training ones; the majority formula gets 9.0% there.
+    Retrieval works (far above the majority) but does not solve the set (the numbers' roles must be read)."""
+    train, test = synthetic["train"][:1000], synthetic["test"][:200]
+    retrieval = task.score(synthetic_mwp.retrieval_baseline(train, test), test)["equation_em_canonical"]
+    majority = task.score(synthetic_mwp.majority_baseline(train, test), test)["equation_em_canonical"]
+    assert majority + 0.2 < retrieval < 0.5
 
 
 # ----------------------------------------------------------------------------------------------- properties

@@ -161,6 +161,12 @@ def test_remat_changes_nothing_but_memory():
     remat = grad_fn(params, config.replace(remat=True))
     np.testing.assert_allclose(plain[0], remat[0], rtol=1e-6)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), plain[1], remat[1])
+    # ... and remat really is on: each layer's forward is recomputed in the backward pass (one checkpoint per layer).
+    def rematerialised(cfg):
+        return str(jax.make_jaxpr(jax.grad(loss), static_argnums=1)(params, cfg)).count("remat")
+
+    assert rematerialised(config) == 0
+    assert rematerialised(config.replace(remat=True)) == config.num_layers + config.n_decoder_layers
 
 
 def test_mismatches_name_the_parameter(tmp_path):

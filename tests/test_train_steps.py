@@ -119,12 +119,37 @@ def test_global_norm_clipping_feeds_clipped_gradients_to_adam():
         np.testing.assert_allclose(u, w, rtol=1e-4)  # float32 vs the float64 reference
 
 
-def test_adafactor_builds_and_descends():
-    params = {"kernel": jnp.ones((4, 3)), "scale": jnp.ones((3,))}
-    tx, _ = make_optimizer(dict(name="adafactor", learning_rate=0.1, min_dim_size_to_factor=2))
-    grads = {"kernel": jnp.full((4, 3), 5.0), "scale": jnp.full((3,), -5.0)}
-    updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
-    assert np.all(np.asarray(updates["kernel"]) < 0) and np.all(np.asarray(updates["scale"]) > 0)
+def _adafactor_first_update(g: np.ndarray, p: np.ndarray, lr: float, param_scale: bool) -> np.ndarray:
+    """Adafactor's first update (Shazeer & Stern, 2018), float64: the second moment is g^2 (decay 0 at step 1),
+    factored into row and column means for a matrix; the update g / sqrt(v) is clipped to RMS <= 1 and optionally
+    scaled by max(1e-3, RMS(p))."""
+    g = g.astype(np.float64)
+    sq = g * g + 1e-30
+    v = np.outer(sq.mean(1), sq.mean(0)) / sq.mean() if g.ndim == 2 else sq
+    x = g / np.sqrt(v)
+    x = x / max(1.0, np.sqrt(np.mean(x * x)))
+    if param_scale:
+        x = x * max(1e-3, np.sqrt(np.mean(p.astype(np.float64) ** 2)))
+    return -lr * x
+
+
+@pytest.mark.parametrize("param_scale", [False, True])
+def test_adafactor_first_update_matches_the_paper(param_scale):
+    rng = np.random.default_rng(0)
+    # A gradient that is not rank one, with very different row scales: factoring matters.
+    grads = {"kernel": (rng.normal(size=(4, 3)) * np.array([[1.0], [3.0], [0.2], [5.0]])).astype(np.float32),
+             "scale": np.array([2.0, -0.5, 0.1], np.float32)}
+    params = {"kernel": rng.normal(size=(4, 3)).astype(np.float32), "scale": np.full(3, 0.5, np.float32)}
+    tx, _ = make_optimizer(dict(name="adafactor", learning_rate=0.1, min_dim_size_to_factor=2, grad_clip_norm=0.0,
+                                multiply_by_parameter_scale=param_scale))
+    state = tx.init(params)
+    factored = state[0]
+    assert factored.v_row["kernel"].size + factored.v_col["kernel"].size == 4 + 3  # factored, not [4, 3]
+    assert factored.v["scale"].shape == (3,)  # vectors keep a full second moment
+    updates, _ = jax.jit(tx.update)(grads, state, params)
+    for name in grads:
+        np.testing.assert_allclose(updates[name], _adafactor_first_update(grads[name], params[name], 0.1,
+                                                                          param_scale), rtol=2e-5)
 
 
 # ------------------------------------------------------------------------------------------------------------------
