@@ -8,7 +8,7 @@ from refiner_jax.training import config as base
 def get_config(arg: str | None = None):
     config = base.base_config()
     config.task.name = "moral_stories"
-    config.task.data_dir = "../shared/data/refiner/moral_stories"
+    config.task.data_dir = base.shared_data_dir("refiner", "moral_stories")
     config.tokenizer.vocab_size = 2048
     config.lengths.input = 160
     config.lengths.refine_input = 224

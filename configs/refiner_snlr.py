@@ -21,7 +21,7 @@ def get_config(arg: str | None = None):
     variant = arg or "default"
     if variant == "released":
         config.task.options = {}
-        config.task.data_dir = "../shared/data/refiner/srn"
+        config.task.data_dir = base.shared_data_dir("refiner", "srn")
     elif variant != "default":
         raise ValueError(f"unknown variant {variant!r} for refiner_snlr.py; use default or released")
     return config

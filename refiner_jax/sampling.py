@@ -193,7 +193,9 @@ def _sample_top_k(scaled, key, top_k, top_p, max_top_k):
     in_k = rank < top_k
     values = jnp.where(in_k, values, -jnp.inf)
     probs = jax.nn.softmax(values, axis=-1)  # [n, bound]
-    before = jnp.cumsum(probs, axis=-1) - probs  # probability of the more likely tokens
+    # Probability of the strictly more likely tokens: tokens tied at the nucleus boundary are all kept, whatever
+    # their ids (a cumulative sum over ranks would keep only the lowest ids of a tie).
+    before = jnp.sum(jnp.where(values[:, None, :] > values[:, :, None], probs[:, None, :], 0.0), axis=-1)
     keep = in_k & ((before < top_p) | (rank == 0))
     pick = jax.random.categorical(key, jnp.where(keep, values, -jnp.inf))  # [n]
     return jnp.take_along_axis(indices, pick[:, None], axis=-1)[:, 0].astype(jnp.int32)

@@ -246,20 +246,32 @@ def test_model_critic_prefers_no_hint_when_it_is_the_more_likely_sequence():
     assert critic.feedback(examples, ["z", "z"]) == ["The operator in #0 is incorrect."] * 2
 
 
-@pytest.mark.parametrize("path,variant", [("refiner_mwp.py", None), ("refiner_mwp.py", "svamp"),
-                                          ("refiner_mwp.py", "paper"), ("refiner_snlr.py", None),
-                                          ("refiner_snlr.py", "released"), ("refiner_moral.py", None)])
-def test_shipped_configs_are_valid(path, variant):
+@pytest.mark.parametrize("path,variant,data", [
+    ("refiner_mwp.py", None, ""), ("refiner_mwp.py", "svamp", "svamp/mawps-asdiv-a_svamp"),
+    ("refiner_mwp.py", "paper", "svamp/mawps-asdiv-a_svamp"), ("refiner_snlr.py", None, ""),
+    ("refiner_snlr.py", "released", "refiner/srn"), ("refiner_moral.py", None, "refiner/moral_stories")])
+def test_shipped_configs_are_valid(monkeypatch, path, variant, data):
     import importlib.util
     import pathlib
 
-    file = pathlib.Path(__file__).resolve().parents[1] / "configs" / path
+    monkeypatch.delenv("REFINER_DATA", raising=False)
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    file = repo / "configs" / path
     spec = importlib.util.spec_from_file_location(f"config_{path}", file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config_lib.validate(module.get_config(variant))
+    config = module.get_config(variant)
+    config_lib.validate(config)
+    # Data folders are absolute, the shared datasets beside the checkout: a saved config works from any directory.
+    assert config.task.data_dir == (str(repo.parent / "shared" / "data" / data) if data else "")
     with pytest.raises(ValueError, match="variant"):
         module.get_config("no-such-variant")
+
+
+def test_paper_settings_name_a_real_tokenizer_repository():
+    config = config_lib.base_config()
+    config_lib.use_paper_settings(config, "unifiedqa-t5-base")
+    assert config.tokenizer.path == "allenai/unifiedqa-t5-base"  # the preset name itself is no hub repository
 
 
 def test_generator_targets_carry_the_moral_action():

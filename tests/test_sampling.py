@@ -168,6 +168,19 @@ def test_sampling_distribution_matches_sort_reference(temperature, top_k, top_p)
     assert stats.chisquare(observed[keep], wanted[keep] * observed.sum() / wanted.sum()).pvalue > 1e-4
 
 
+@pytest.mark.parametrize("top_k", [0, 8, 12])
+def test_tied_tokens_at_the_nucleus_boundary_are_all_kept(top_k):
+    """Eight equally likely tokens (then four far less likely ones): any top-p inside them keeps all eight, with or
+    without top-k, whatever their ids (bfloat16 logits tie often)."""
+    from scipy import stats
+
+    logits = jnp.asarray([0.0] * 8 + [-9.0] * 4, jnp.float32)
+    tokens = np.asarray(_draw_tokens(logits, jax.random.key(3), 1.0, top_k, 0.5))
+    counts = np.bincount(tokens, minlength=12)
+    assert counts[8:].sum() == 0
+    assert stats.chisquare(counts[:8]).pvalue > 1e-4  # uniform over all eight, not only the lowest ids
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # T5: cache vs recompute, transformers parity, samples, compilations
 

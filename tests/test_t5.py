@@ -182,6 +182,12 @@ def test_mismatches_name_the_parameter(tmp_path):
     del missing["decoder.final_layer_norm.weight"]
     with pytest.raises(ValueError, match="decoder.final_layer_norm.weight.*decoder/decoder_norm/scale"):
         hf.params_from_state_dict(config, missing)
+    # Checkpoints saved before transformers 4.0 (the released t5-small, UnifiedQA) store an unused cross-attention
+    # position bias; like transformers, the import ignores it.
+    legacy = dict(state, **{"decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight":
+                            np.ones((config.relative_attention_num_buckets, config.num_heads), np.float32)})
+    jax.tree.map(np.testing.assert_array_equal, hf.params_from_state_dict(config, legacy),
+                 hf.params_from_state_dict(config, state))
     extra = dict(state, **{"decoder.block.9.layer.0.layer_norm.weight": np.ones(32, np.float32)})
     with pytest.raises(ValueError, match="decoder.block.9"):
         hf.params_from_state_dict(config, extra)

@@ -23,6 +23,9 @@ _CONFIG_FIELDS = ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_de
                   "layer_norm_epsilon", "initializer_factor", "feed_forward_proj", "tie_word_embeddings")
 # Keys the reference writes as aliases of `shared.weight`.
 _TIED_ALIASES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+# Stored by checkpoints saved before transformers 4.0 (the released t5-small/large, UnifiedQA) but never used:
+# cross-attention has no position bias. transformers ignores it on load too.
+_UNUSED = ("decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",)
 
 Path = tuple[str, ...]
 Row = tuple[Path, str, Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]
@@ -144,7 +147,7 @@ def params_from_state_dict(config: T5Config, state: dict[str, np.ndarray]) -> di
     if not config.tie_word_embeddings and "lm_head.weight" not in state:
         state = dict(state, **{"lm_head.weight": state["shared.weight"]})  # v1.1 saved with tied weights
     rows = name_map(config)
-    known = {theirs for _, theirs, _, _ in rows} | set(_TIED_ALIASES)
+    known = {theirs for _, theirs, _, _ in rows} | set(_TIED_ALIASES) | set(_UNUSED)
     if config.tie_word_embeddings:
         known.add("lm_head.weight")  # a tied checkpoint may still store it
     unexpected = sorted(set(state) - known)

@@ -5,17 +5,27 @@ tree before anything is built or compiled and names the field and the fix when s
 """
 from __future__ import annotations
 
+import os
+import pathlib
 import string
 
 import ml_collections
 
-from refiner_jax.models.t5 import PRESETS
+from refiner_jax.models.t5 import HUB_NAMES, PRESETS
 from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE
 from refiner_jax.training.optim import make_schedule
 
 
 class ConfigError(ValueError):
     """A config value that cannot work; the message names the field and what to set instead."""
+
+
+def shared_data_dir(*parts: str) -> str:
+    """Absolute path of a dataset folder: under `$REFINER_DATA`, else under the shared datasets beside the checkout
+    (`../shared/data`). Absolute, so that a run's saved config works from any directory."""
+    root = os.environ.get("REFINER_DATA")
+    base = pathlib.Path(root) if root else pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
+    return str(base.joinpath(*parts).absolute())
 
 
 def _optimizer(learning_rate: float) -> dict:
@@ -76,7 +86,7 @@ def use_paper_settings(c: ml_collections.ConfigDict, preset: str) -> None:
     c.model.preset = preset
     c.model.checkpoint = preset
     c.tokenizer.kind = "hf"
-    c.tokenizer.path = preset
+    c.tokenizer.path = HUB_NAMES.get(preset, preset)
     c.lengths.input = 256
     c.lengths.refine_input = 384
     c.lengths.critic_input = 320

@@ -126,8 +126,9 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config, tokeni
     window_start, window_examples, window_tokens = time.time(), 0, 0
     last_eval: dict[str, float] = {}
     while step < stage.steps:
-        indices = order.next_indices()[shd.host_batch_slice(stage.batch_size)]  # this process's rows
-        pairs = spec.make_pairs(state.params, indices, step)
+        # Every process makes the same pairs (their sampling needs the same inputs everywhere), then feeds its rows.
+        pairs = spec.make_pairs(state.params, order.next_indices(), step)
+        pairs = pairs[shd.host_batch_slice(len(pairs))]
         batch = encode_pairs(tokenizer, pairs, spec.input_len, spec.target_len)
         window_examples += len(pairs)
         window_tokens += int((batch["inputs"] > 0).sum() + (batch["targets"] > 0).sum())

@@ -2,8 +2,9 @@
 
 `run(config, workdir)` validates the config, then runs each stage that has not finished (a finished stage leaves
 `<workdir>/<stage>/DONE`; an interrupted one resumes from its last checkpoint). The workdir keeps `config.json`
-(the run refuses a config that changes what was already trained), the tokenizer, per-stage checkpoints and
-exports, `metrics.jsonl`, TensorBoard logs and the results.
+(the run refuses a changed `task`, `tokenizer` or `model` section, which would make the trained stages
+meaningless; other changes, such as more steps, apply to the stages still to run), the tokenizer, per-stage
+checkpoints and exports, `metrics.jsonl`, TensorBoard logs and the results.
 """
 from __future__ import annotations
 
