@@ -7,6 +7,7 @@
                                            (an accelerator and a checkpoint directory or network access needed)
 Any field can be overridden: `--config.refiner.turns=4 --config.model.preset=t5-small`.
 """
+from refiner_jax.tasks.base import shared_data_dir
 from refiner_jax.training import config as base
 
 
@@ -17,7 +18,7 @@ def get_config(arg: str | None = None):
     if variant == "default":
         pass
     elif variant == "svamp":
-        config.task.data_dir = base.shared_data_dir("svamp", "mawps-asdiv-a_svamp")
+        config.task.data_dir = shared_data_dir("svamp", "mawps-asdiv-a_svamp")
         config.lengths.input = 128
         config.lengths.target = 48
         config.lengths.refine_input = 192
@@ -28,7 +29,7 @@ def get_config(arg: str | None = None):
         config.refiner.steps = 1500
     elif variant == "paper":
         base.use_paper_settings(config, "unifiedqa-t5-base")
-        config.task.data_dir = base.shared_data_dir("svamp", "mawps-asdiv-a_svamp")
+        config.task.data_dir = shared_data_dir("svamp", "mawps-asdiv-a_svamp")
     else:
         raise ValueError(f"unknown variant {variant!r} for refiner_mwp.py; use one of: default, svamp, paper")
     return config

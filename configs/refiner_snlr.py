@@ -4,6 +4,7 @@
   --config=configs/refiner_snlr.py:released  REFINER's released splits (`task.data_dir` = the folder holding
                                              srn_{train,val,test}.json)
 """
+from refiner_jax.tasks.base import shared_data_dir
 from refiner_jax.training import config as base
 
 
@@ -21,7 +22,7 @@ def get_config(arg: str | None = None):
     variant = arg or "default"
     if variant == "released":
         config.task.options = {}
-        config.task.data_dir = base.shared_data_dir("refiner", "srn")
+        config.task.data_dir = shared_data_dir("refiner", "srn")
     elif variant != "default":
         raise ValueError(f"unknown variant {variant!r} for refiner_snlr.py; use default or released")
     return config

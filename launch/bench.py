@@ -116,8 +116,8 @@ def bench_sample(args) -> dict:
             entry["greedy_identical_rows"] = int(np.all(ours_tokens == theirs_tokens, axis=1).sum())
         results[name] = entry
     return {"benchmark": "sample", "preset": args.preset, "config": SAMPLE_PRESETS[args.preset],
-            "repeats": args.repeats, "torch_threads": args.torch_threads, "cpu_cores": os.cpu_count(), "max_top_k": args.max_top_k,
-            "jax_devices": str(jax.devices()),
+            "repeats": args.repeats, "torch_threads": args.torch_threads, "cpu_cores": os.cpu_count(),
+            "max_top_k": args.max_top_k, "jax_devices": str(jax.devices()),
             # Other processes on the machine distort both timings (torch's thread pool the most): check these.
             "load_average_1min_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "results": results}
@@ -200,7 +200,8 @@ def bench_train(args) -> dict:
     tokens = args.batch * (args.input_len + args.target_len)
     return {"benchmark": "train", "preset": args.preset, "config": TRAIN_PRESETS[args.preset],
             "batch": args.batch, "input_len": args.input_len, "target_len": args.target_len,
-            "repeats": args.repeats, "torch_threads": args.torch_threads, "cpu_cores": os.cpu_count(), "jax_devices": str(jax.devices()),
+            "repeats": args.repeats, "torch_threads": args.torch_threads, "cpu_cores": os.cpu_count(),
+            "jax_devices": str(jax.devices()),
             "ours_s_per_step": round(med["ours"], 4), "transformers_s_per_step": round(med["transformers"], 4),
             "ours_examples_per_s": round(args.batch / med["ours"], 2),
             "transformers_examples_per_s": round(args.batch / med["transformers"], 2),

@@ -8,6 +8,8 @@ predictions. Everything here is pure Python/numpy so tasks run on any machine, w
 from __future__ import annotations
 
 import dataclasses
+import os
+import pathlib
 import random
 import re
 from typing import Any, Mapping, Protocol, Sequence
@@ -20,6 +22,14 @@ DEFAULT_REFINE_TEMPLATE = "{x} Previous Answer: {z} Feedback: {f}"
 
 class DataError(ValueError):
     """A data file is missing or malformed; the message names the file and what was expected."""
+
+
+def shared_data_dir(*parts: str) -> str:
+    """Absolute path of a dataset folder: under `$REFINER_DATA`, else under the shared datasets beside the checkout
+    (`../shared/data`). Absolute, so that a run's saved config works from any directory."""
+    root = os.environ.get("REFINER_DATA")
+    base = pathlib.Path(root) if root else pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
+    return str(base.joinpath(*parts).absolute())
 
 
 @dataclasses.dataclass(frozen=True)

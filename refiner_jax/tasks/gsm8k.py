@@ -42,14 +42,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import pathlib
 import random
 import re
 from fractions import Fraction
 from typing import Sequence
 
-from refiner_jax.tasks.base import NO_HINT, DataError, Example, Feedback, StepError
+from refiner_jax.tasks.base import NO_HINT, DataError, Example, Feedback, StepError, shared_data_dir
 
 SPLIT_FILES = {"train": "train.jsonl", "val": "train.jsonl", "test": "test.jsonl"}
 
@@ -456,9 +455,7 @@ def _check_annotations(step: str, known: set[Fraction]) -> StepCheck:
 
 def default_data_dir() -> pathlib.Path:
     """`$REFINER_DATA/gsm8k`, else the shared datasets beside the checkout (`../shared/data/gsm8k`)."""
-    root = os.environ.get("REFINER_DATA")
-    base = pathlib.Path(root) if root else pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
-    return base / "gsm8k"
+    return pathlib.Path(shared_data_dir("gsm8k"))
 
 
 def read_jsonl(path: pathlib.Path) -> list[dict]:

@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
 import random
 import re
 from typing import Sequence
 
 from refiner_jax.tasks import text_metrics
-from refiner_jax.tasks.base import NO_HINT, DataError, Example, Feedback, StepError
+from refiner_jax.tasks.base import NO_HINT, DataError, Example, Feedback, StepError, shared_data_dir
 
 TAGS = ("<|SIT|>", "<|INT|>", "<|I_ACT|>", "<|NRM|>", "<|M_ACT|>")  # special tokens for the tokenizer
 M_ACT = "<|M_ACT|>"
@@ -416,9 +415,7 @@ def story_verb_phrases(sentence: str, max_words: int = 10) -> list[tuple[str, st
 
 def default_data_dir() -> pathlib.Path:
     """`$REFINER_DATA/refiner/moral_stories`, else the shared datasets beside the checkout."""
-    root = os.environ.get("REFINER_DATA")
-    base = pathlib.Path(root) if root else pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
-    return base / "refiner" / "moral_stories"
+    return pathlib.Path(shared_data_dir("refiner", "moral_stories"))
 
 
 def split_output(text: str) -> tuple[str, str]:

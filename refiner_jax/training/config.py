@@ -5,8 +5,6 @@ tree before anything is built or compiled and names the field and the fix when s
 """
 from __future__ import annotations
 
-import os
-import pathlib
 import string
 
 import ml_collections
@@ -18,14 +16,6 @@ from refiner_jax.training.optim import make_schedule
 
 class ConfigError(ValueError):
     """A config value that cannot work; the message names the field and what to set instead."""
-
-
-def shared_data_dir(*parts: str) -> str:
-    """Absolute path of a dataset folder: under `$REFINER_DATA`, else under the shared datasets beside the checkout
-    (`../shared/data`). Absolute, so that a run's saved config works from any directory."""
-    root = os.environ.get("REFINER_DATA")
-    base = pathlib.Path(root) if root else pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
-    return str(base.joinpath(*parts).absolute())
 
 
 def _optimizer(learning_rate: float) -> dict:
