@@ -312,7 +312,7 @@ def test_evaluate_run_writes_reports(tmp_path, monkeypatch):
     task = get_task("mwp")
     examples = task.load("test")[:5]
     config = {"seed": 0, "task": {"name": "mwp", "data_dir": "", "options": {}},
-              "lengths": {"refine_input": 64, "target": 32, "critic_input": 64, "feedback": 32, "bucket": 16},
+              "lengths": {"refine_input": 64, "target": 32, "critic_input": 64, "feedback": 32},
               "refiner": {"template": "{x} Previous Answer: {z} Feedback: {f}"},
               "eval": {"examples": 5, "turns": 2, "batch_size": 8, "noise_levels": [0.0, 1.0],
                        "bootstrap_samples": 100}}
