@@ -163,19 +163,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
          "at most one axis may be -1 (fill in)")
 
 
-def stage_rows(c: ml_collections.ConfigDict, stage_name: str) -> int:
-    """Rows of one update of a training stage: its batch size, times the turns for the REFINER loop (every turn
-    adds one pair per problem)."""
-    stage = c[stage_name]
-    return stage.batch_size * (c.refiner.turns if stage_name == "refiner" else 1)
-
-
 def validate_for_mesh(c: ml_collections.ConfigDict, batch_shards: int, processes: int = 1) -> None:
     """Raises `ConfigError` naming the stage's batch size when its microbatches cannot be split evenly over the
     mesh's `batch_shards` (data x fsdp devices) and the processes; call once the mesh exists, before compiling."""
     for stage_name in ("critic", "warmup", "refiner"):
         stage = c[stage_name]
-        rows = stage_rows(c, stage_name)
+        rows = stage.batch_size * (c.refiner.turns if stage_name == "refiner" else 1)  # REFINER: a pair per turn
         unit = stage.microbatches * batch_shards
         turns = f" x refiner.turns {c.refiner.turns}" if stage_name == "refiner" else ""
         if rows % unit:
