@@ -19,6 +19,10 @@ _WORKDIR = flags.DEFINE_string("workdir", "workdir/refiner", "Run directory (che
 _STAGES = flags.DEFINE_list("stages", list(pipeline.STAGES), f"Stages to run, from {pipeline.STAGES}.")
 _MULTIHOST = flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() (TPU pod slices, multi-node "
                                 "GPU clusters; the cluster is auto-detected).")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for a multi-process run "
+                                   "on machines JAX does not auto-detect (with --num_processes, --process_id).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run (with --coordinator_address).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0 .. num_processes - 1.")
 flags.mark_flags_as_required(["config"])
 
 
@@ -26,7 +30,8 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # keep checkpointing chatter out of the progress output
-    sharding.maybe_initialize_distributed(enabled=_MULTIHOST.value)
+    sharding.maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                                          enabled=_MULTIHOST.value)
     pipeline.run(_CONFIG.value, _WORKDIR.value, tuple(_STAGES.value))
 
 

@@ -24,6 +24,8 @@ import jax
 import orbax.checkpoint as ocp
 from jax.sharding import SingleDeviceSharding
 
+from refiner_jax import sharding as shd
+
 _POLICIES = ocp.checkpoint_managers
 
 
@@ -162,9 +164,10 @@ def export_params(directory: str | os.PathLike, params: Any, metadata: dict[str,
     step it came from, ...) to ``<directory>/metadata.json``; overwrites an earlier export. Blocks until done."""
     directory = os.path.abspath(os.fspath(directory))
     ocp.PyTreeCheckpointer().save(os.path.join(directory, "params"), args=ocp.args.PyTreeSave(params), force=True)
-    if jax.process_index() == 0:
+    if shd.is_main_process():
         with open(os.path.join(directory, "metadata.json"), "w", encoding="utf-8") as f:
             json.dump(dict(metadata or {}), f, indent=2, sort_keys=True)
+    shd.sync_processes("export_params")  # the export is complete for every process once this returns
 
 
 def load_params(directory: str | os.PathLike, target: Any = None) -> tuple[Any, dict[str, Any]]:

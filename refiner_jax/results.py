@@ -142,7 +142,7 @@ def training_summary(workdir: str) -> dict[str, dict]:
     """`{stage: final metrics}` from `<workdir>/<stage>/DONE` of every finished stage (pipeline order first)."""
     if not os.path.isdir(workdir):
         return {}
-    others = sorted(d for d in os.listdir(workdir) if d not in STAGES)
+    others = sorted(d for d in os.listdir(workdir) if d not in STAGES and d != "eval")  # eval/: the evaluation's
     out = {}
     for stage in list(STAGES) + others:
         path = os.path.join(workdir, stage, "DONE")

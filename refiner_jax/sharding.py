@@ -31,6 +31,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor")
@@ -250,6 +251,17 @@ def make_global_batch(local_batch: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES
         return jax.make_array_from_process_local_data(sharding, x, global_shape)
 
     return jax.tree.map(one, local_batch)
+
+
+def is_main_process() -> bool:
+    """Whether this process writes the run's shared files (process 0; always True on one process)."""
+    return jax.process_index() == 0
+
+
+def sync_processes(name: str) -> None:
+    """Waits until every process gets here (a no-op on one process), e.g. before reading a file process 0 wrote."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
 
 
 def maybe_initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,

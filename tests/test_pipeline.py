@@ -47,6 +47,13 @@ def tiny_config():
     ("checkpoint.every", 0, "config.checkpoint.every: must be >= 1"),
     ("checkpoint.keep", 0, "config.checkpoint.keep: must be >= 1"),
     ("log_every", 0, "config.log_every: must be >= 1"),
+    ("model.dtype", "bf16", "config.model.dtype: 'bf16' is not a dtype"),
+    ("critic.eval_examples", 0, "config.critic.eval_examples: must be >= 1"),
+    ("critic.optimizer.grad_clip_norm", -1.0, "config.critic.optimizer.grad_clip_norm: must be >= 0"),
+    ("warmup.optimizer.weight_decay", -0.1, "config.warmup.optimizer.weight_decay: must be >= 0"),
+    ("refiner.optimizer.warmup_steps", -1, "config.refiner.optimizer.warmup_steps: must be >= 0"),
+    ("refiner.optimizer.warmup_steps", 10, "config.refiner.steps: 4 must exceed refiner.optimizer.warmup_steps"),
+    ("logical_axis_rules", (("embed", "model"),), r"config.logical_axis_rules: .*'embed' names mesh axes \['model'\]"),
 ])
 def test_bad_config_is_rejected_before_anything_runs(tmp_path, field, value, message):
     c = tiny_config()
@@ -88,6 +95,11 @@ def test_missing_prerequisites_and_data_name_the_fix(tmp_path):
     c = tiny_config()
     c.task.options = {"synthetic_sizes": {"train": 6, "val": 4, "test": 4}}
     with pytest.raises(config_lib.ConfigError, match="config.critic.batch_size: 8 is more than the 6 training"):
+        pipeline.run(c, str(tmp_path / "b"))
+    # A setup that failed records no config, so the corrected rerun is not refused as a "different config.task".
+    assert not (tmp_path / "b" / "config.json").exists()
+    c.task.options = {"synthetic_sizes": {"train": 7, "val": 4, "test": 4}}
+    with pytest.raises(config_lib.ConfigError, match="config.critic.batch_size: 8 is more than the 7 training"):
         pipeline.run(c, str(tmp_path / "b"))
 
 

@@ -78,6 +78,8 @@ def test_schedules_hand_values():
         assert float(wc(step)) == pytest.approx(want, abs=1e-6), step
     lin = make_schedule(dict(base, schedule="linear", warmup_steps=0))
     assert float(lin(55)) == pytest.approx(1.0 - 0.9 * 55 / 110, abs=1e-6)
+    # 'linear' has no warm-up, so a warmup_steps longer than the run is ignored, not an error.
+    assert float(make_schedule(dict(base, schedule="linear", warmup_steps=500))(55)) == pytest.approx(float(lin(55)))
     rs = make_schedule(dict(learning_rate=0.01, schedule="rsqrt", warmup_steps=100))
     assert float(rs(50)) == pytest.approx(0.01) and float(rs(400)) == pytest.approx(0.005)
     assert float(make_schedule({"learning_rate": 3e-4})(1234)) == pytest.approx(3e-4)

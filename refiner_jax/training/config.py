@@ -9,9 +9,13 @@ import string
 
 import ml_collections
 
+from refiner_jax import sharding as shd
 from refiner_jax.models.t5 import HUB_NAMES, PRESETS
 from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE
 from refiner_jax.training.optim import make_schedule
+
+
+_DTYPES = ("float32", "bfloat16", "float16")
 
 
 class ConfigError(ValueError):
@@ -40,6 +44,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.lengths = ml_collections.ConfigDict({"input": 56, "target": 24, "refine_input": 96, "critic_input": 80,
                                            "feedback": 16})
     c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
+    # Logical axis -> mesh axes, first match wins (see `refiner_jax.sharding`); e.g. replace ("embed", "fsdp") by
+    # ("embed", None) to replicate the parameters while still splitting batches over fsdp.
+    c.logical_axis_rules = shd.DEFAULT_RULES
 
     # Stage 1: generator warm-up, x -> z on a fraction of train (the paper: 10%; 1.0 = all of it). With
     # `feedback_fraction` > 0 that share of each batch is a revision instance built from a perturbation and its
@@ -112,6 +119,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
          f"{c.tokenizer.vocab_size} is too small for a subword vocabulary (bytes alone need 259); use >= 300")
     need(c.model.preset in PRESETS, "model.preset", f"unknown preset {c.model.preset!r}; use one of {sorted(PRESETS)}")
     need(0.0 <= c.model.dropout_rate < 1.0, "model.dropout_rate", "must be in [0, 1)")
+    for name in ("dtype", "param_dtype"):
+        need(c.model[name] in _DTYPES, f"model.{name}", f"{c.model[name]!r} is not a dtype; use one of {_DTYPES}")
     for name in ("input", "target", "refine_input", "critic_input", "feedback"):
         need(int(c.lengths[name]) > 0, f"lengths.{name}", "must be a positive number of tokens")
     for stage_name in ("critic", "warmup", "refiner"):
@@ -119,10 +128,19 @@ def validate(c: ml_collections.ConfigDict) -> None:
         need(stage.steps >= 0, f"{stage_name}.steps", "must be >= 0")
         need(stage.batch_size > 0, f"{stage_name}.batch_size", "must be positive")
         need(stage.eval_every > 0, f"{stage_name}.eval_every", "must be positive")
+        need(stage.eval_examples >= 1, f"{stage_name}.eval_examples", "must be >= 1 (validation problems)")
         opt = stage.optimizer
         need(opt.name in ("adamw", "adafactor"), f"{stage_name}.optimizer.name",
              f"{opt.name!r} is not supported; use adamw or adafactor")
         need(opt.learning_rate > 0, f"{stage_name}.optimizer.learning_rate", "must be positive")
+        need(opt.get("grad_clip_norm") is None or opt.grad_clip_norm >= 0, f"{stage_name}.optimizer.grad_clip_norm",
+             "must be >= 0 (0 turns clipping off)")
+        need(opt.get("weight_decay", 0.0) >= 0, f"{stage_name}.optimizer.weight_decay", "must be >= 0")
+        need(opt.get("warmup_steps", 0) >= 0, f"{stage_name}.optimizer.warmup_steps", "must be >= 0")
+        schedule = opt.get("schedule", "constant")
+        need(schedule in ("linear", "constant", "rsqrt") or stage.steps > opt.get("warmup_steps", 0),
+             f"{stage_name}.steps", f"{stage.steps} must exceed {stage_name}.optimizer.warmup_steps "
+             f"({opt.get('warmup_steps', 0)}) with schedule {schedule!r}; train longer or warm up less")
         need(stage.microbatches >= 1 and stage.batch_size % stage.microbatches == 0, f"{stage_name}.microbatches",
              f"batch_size {stage.batch_size} must split into microbatches={stage.microbatches} equal parts")
         try:
@@ -161,6 +179,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
         need(int(c.mesh[axis]) == -1 or int(c.mesh[axis]) >= 1, f"mesh.{axis}", "must be a positive size or -1")
     need(sum(int(c.mesh[a]) == -1 for a in ("data", "fsdp", "tensor")) <= 1, "mesh",
          "at most one axis may be -1 (fill in)")
+    try:
+        shd.normalize_rules(c.logical_axis_rules)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config.logical_axis_rules: {e}") from e
 
 
 def validate_for_mesh(c: ml_collections.ConfigDict, batch_shards: int, processes: int = 1) -> None:

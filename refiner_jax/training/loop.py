@@ -55,13 +55,13 @@ class MetricsLog:
     def __init__(self, workdir: str):
         self.path = os.path.join(workdir, "metrics.jsonl")
         self._writer = None
-        if jax.process_index() == 0:
+        if shd.is_main_process():
             from tensorboardX import SummaryWriter
 
             self._writer = SummaryWriter(os.path.join(workdir, "tb"))
 
     def write(self, stage: str, step: int, metrics: dict[str, float]) -> None:
-        if jax.process_index() != 0:
+        if not shd.is_main_process():
             return
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps({"stage": stage, "step": step, **metrics}) + "\n")
@@ -92,9 +92,10 @@ def stage_done(workdir: str, name: str) -> dict | None:
 
 
 def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config, tokenizer: Tokenizer, mesh,
-                seed: int, checkpoint_every: int, keep: int, log: MetricsLog,
-                init_params: Any = None, log_every: int = 50) -> dict[str, float]:
-    """Trains (or resumes) the stage to `spec.stage.steps` updates, exports the best parameters, marks it done."""
+                seed: int, checkpoint_every: int, keep: int, log: MetricsLog, init_params: Any = None,
+                log_every: int = 50, rules: shd.Rules = shd.DEFAULT_RULES) -> dict[str, float]:
+    """Trains (or resumes) the stage to `spec.stage.steps` updates, exports the best parameters, marks it done.
+    `rules` map the model's logical axes to `mesh` (config.logical_axis_rules)."""
     stage = spec.stage
     model = T5(model_config)
     opt_config = dict(stage.optimizer)
@@ -106,33 +107,33 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config, tokeni
         return model.init(key, dummy, dummy)["params"]
 
     if init_params is None:
-        state, shardings = create_train_state(init_fn, tx, mesh, seed=seed)
+        state, shardings = create_train_state(init_fn, tx, mesh, rules, seed=seed)
     else:
-        state, shardings = train_state_from_params(init_params, init_fn, tx, mesh, seed=seed)
-    train_step = make_train_step(seq2seq_loss(model.apply), tx, mesh, shardings,
+        state, shardings = train_state_from_params(init_params, init_fn, tx, mesh, rules, seed=seed)
+    train_step = make_train_step(seq2seq_loss(model.apply), tx, mesh, shardings, rules=rules,
                                  num_microbatches=stage.microbatches, schedule=schedule)
     order = EpochOrder(spec.num_examples, stage.batch_size, seed=seed)
     stage_dir = os.path.join(workdir, spec.name)
     checkpointer = ckpt_lib.Checkpointer(os.path.join(stage_dir, "ckpt"), save_interval_steps=checkpoint_every,
                                          keep_last=keep, best_metric=spec.best_metric, best_mode="max")
     if checkpointer.latest_step() is not None:
-        target, _ = abstract_train_state(init_fn, tx, mesh)
+        target, _ = abstract_train_state(init_fn, tx, mesh, rules)
         state, extra = checkpointer.restore(target)
         order.load_state_dict(extra["data"])
         print(f"[{spec.name}] resumed from step {int(state.step)}")
     step = int(state.step)
     progress = tqdm.tqdm(total=stage.steps, initial=step, desc=spec.name, dynamic_ncols=True,
-                         disable=jax.process_index() != 0)
+                         disable=not shd.is_main_process())
     window_start, window_examples, window_tokens = time.time(), 0, 0
     last_eval: dict[str, float] = {}
     while step < stage.steps:
         # Every process makes the same pairs (their sampling needs the same inputs everywhere), then feeds its rows.
         pairs = spec.make_pairs(state.params, order.next_indices(), step)
-        pairs = pairs[shd.host_batch_slice(len(pairs))]
-        batch = encode_pairs(tokenizer, pairs, spec.input_len, spec.target_len)
+        batch = encode_pairs(tokenizer, pairs, spec.input_len, spec.target_len)  # the global batch, every process
         window_examples += len(pairs)
         window_tokens += int((batch["inputs"] > 0).sum() + (batch["targets"] > 0).sum())
-        state, metrics = train_step(state, shd.make_global_batch(batch, mesh))
+        rows = shd.host_batch_slice(len(pairs))
+        state, metrics = train_step(state, shd.make_global_batch({k: v[rows] for k, v in batch.items()}, mesh, rules))
         step += 1
         progress.update(1)
         if step % log_every == 0 or step == stage.steps:
@@ -157,12 +158,14 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config, tokeni
     best = checkpointer.best_step() or step
     params = state.params
     if best != step:
-        target, _ = abstract_train_state(init_fn, tx, mesh)
+        target, _ = abstract_train_state(init_fn, tx, mesh, rules)
         params = checkpointer.restore_params(target.params, best)
     final = {"best_step": best, **(checkpointer.metrics(best) or last_eval)}
     checkpointer.close()
     ckpt_lib.export_params(os.path.join(stage_dir, "export"), params,
                            {"model_config": dataclasses.asdict(model_config), "step": best})
-    with open(os.path.join(stage_dir, "DONE"), "w", encoding="utf-8") as f:
-        json.dump(final, f, indent=2)
+    if shd.is_main_process():
+        with open(os.path.join(stage_dir, "DONE"), "w", encoding="utf-8") as f:
+            json.dump(final, f, indent=2)
+    shd.sync_processes(f"{spec.name} done")
     return final

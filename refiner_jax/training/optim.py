@@ -74,11 +74,11 @@ def make_schedule(config: Mapping[str, Any] | None) -> optax.Schedule:
         if warmup < 1:
             raise ValueError("optimizer.schedule='rsqrt' needs optimizer.warmup_steps >= 1")
         return lambda step: lr * jax.lax.rsqrt(jnp.maximum(step, warmup) / warmup)
+    if kind == "linear":  # no warm-up: from lr down to end over total_steps
+        return optax.linear_schedule(lr, end, total)
     if total <= warmup:
         raise ValueError(f"optimizer.schedule={kind!r} needs optimizer.total_steps ({total}) > "
                          f"optimizer.warmup_steps ({warmup})")
-    if kind == "linear":
-        return optax.linear_schedule(lr, end, total)
     if kind == "warmup_cosine":
         return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, total, end)
     return optax.join_schedules(

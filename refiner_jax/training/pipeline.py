@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import time
 from typing import Any
 
@@ -35,19 +36,28 @@ STAGES = ("warmup", "critic", "refiner", "eval")
 _FROZEN_SECTIONS = ("task", "tokenizer", "model")
 
 
-def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> bool:
+    """Refuses a changed frozen section; returns whether the workdir has a recorded config (an earlier run)."""
     path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        return False
     new = json.loads(config.to_json())
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            old = json.load(f)
-        for section in _FROZEN_SECTIONS:
-            if old.get(section) != new.get(section):
-                raise config_lib.ConfigError(
-                    f"{workdir} was trained with a different config.{section} ({old.get(section)} vs "
-                    f"{new.get(section)}); use a fresh --workdir, or delete the stages to retrain")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(new, f, indent=2)
+    with open(path, encoding="utf-8") as f:
+        old = json.load(f)
+    for section in _FROZEN_SECTIONS:
+        if old.get(section) != new.get(section):
+            raise config_lib.ConfigError(
+                f"{workdir} was trained with a different config.{section} ({old.get(section)} vs "
+                f"{new.get(section)}); use a fresh --workdir, or delete the stages to retrain")
+    return True
+
+
+def _save_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+    """Records the config once the run's setup succeeded (a setup error leaves the workdir free to fix it)."""
+    shd.sync_processes("config checked")  # every process has read the old file before process 0 replaces it
+    if shd.is_main_process():
+        with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(json.loads(config.to_json()), f, indent=2)
 
 
 def load_splits(task: Task, config) -> dict[str, list[Example]]:
@@ -55,28 +65,33 @@ def load_splits(task: Task, config) -> dict[str, list[Example]]:
     return {split: task.load(split, data_dir) for split in ("train", "val", "test")}
 
 
-def build_tokenizer(config, task: Task, train: list[Example], workdir: str) -> Tokenizer:
-    """The run's tokenizer: reloaded from the workdir if saved, else trained/loaded and saved there."""
+def build_tokenizer(config, task: Task, train: list[Example], workdir: str, reuse: bool = True) -> Tokenizer:
+    """The run's tokenizer: reloaded from the workdir if saved there (and `reuse`), else made by process 0 and
+    saved there."""
     directory = os.path.join(workdir, "tokenizer")
-    if os.path.isdir(directory):
-        return load_tokenizer(directory)
+    if not (reuse and os.path.isdir(directory)) and shd.is_main_process():
+        if os.path.isdir(directory):
+            shutil.rmtree(directory)
+        _make_tokenizer(config, task, train).save(directory)
+    shd.sync_processes("tokenizer saved")
+    return load_tokenizer(directory)
+
+
+def _make_tokenizer(config, task: Task, train: list[Example]) -> Tokenizer:
     kind = config.tokenizer.kind
     if kind == "byte":
-        tokenizer: Tokenizer = ByteTokenizer()
-    elif kind == "hf":
-        tokenizer = HFTokenizer.from_pretrained(config.tokenizer.path)
-    else:
-        texts = []
-        rng = random.Random(config.seed)
-        for ex in train:
-            hypothesis, feedback = task.perturb(ex, rng)
-            texts += [ex.x, task.target(ex), feedback.text,
-                      refine_input("", hypothesis, feedback.text, config.refiner.template)]
-        texts.append(NO_HINT)
-        tokenizer = train_subword_tokenizer(texts, config.tokenizer.vocab_size,
-                                            extra_special_tokens=tuple(getattr(task, "special_tokens", ())))
-    tokenizer.save(directory)
-    return tokenizer
+        return ByteTokenizer()
+    if kind == "hf":
+        return HFTokenizer.from_pretrained(config.tokenizer.path)
+    texts = []
+    rng = random.Random(config.seed)
+    for ex in train:
+        hypothesis, feedback = task.perturb(ex, rng)
+        texts += [ex.x, task.target(ex), feedback.text,
+                  refine_input("", hypothesis, feedback.text, config.refiner.template)]
+    texts.append(NO_HINT)
+    return train_subword_tokenizer(texts, config.tokenizer.vocab_size,
+                                   extra_special_tokens=tuple(getattr(task, "special_tokens", ())))
 
 
 def model_setup(config, tokenizer: Tokenizer) -> tuple[T5Config, Any]:
@@ -112,22 +127,26 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
                 and stage_done(workdir, "warmup") is None):
             raise config_lib.ConfigError(f"{why}, so run the warmup stage first (--stages=warmup,{name},...)")
     os.makedirs(workdir, exist_ok=True)
-    _check_workdir_config(workdir, config)
+    recorded = _check_workdir_config(workdir, config)
     task = get_task(config.task.name, **dict(config.task.options))
     splits = load_splits(task, config)
     print(f"[data] {task.name}: " + ", ".join(f"{k} {len(v)}" for k, v in splits.items()))
-    tokenizer = build_tokenizer(config, task, splits["train"], workdir)
+    # A tokenizer left by a setup that failed before its config was recorded may be stale: made again.
+    tokenizer = build_tokenizer(config, task, splits["train"], workdir, reuse=recorded)
     model_config, pretrained = model_setup(config, tokenizer)
     mesh = shd.make_mesh(dict(config.mesh))
-    config_lib.validate_for_mesh(config, shd.batch_divisor(mesh), jax.process_count())
+    rules = shd.normalize_rules(config.logical_axis_rules)
+    config_lib.validate_for_mesh(config, shd.batch_divisor(mesh, rules), jax.process_count())
     for name in ("critic", "warmup", "refiner"):
         if config[name].batch_size > len(splits["train"]):
             raise config_lib.ConfigError(
                 f"config.{name}.batch_size: {config[name].batch_size} is more than the {len(splits['train'])} "
                 "training examples; use a smaller batch or more data")
+    _save_workdir_config(workdir, config)
     log = MetricsLog(workdir)
     lengths = config.lengths
-    common = dict(workdir=workdir, model_config=model_config, tokenizer=tokenizer, mesh=mesh, seed=config.seed,
+    common = dict(workdir=workdir, model_config=model_config, tokenizer=tokenizer, mesh=mesh, rules=rules,
+                  seed=config.seed,
                   checkpoint_every=config.checkpoint.every, keep=config.checkpoint.keep,
                   log=log, log_every=config.log_every)
     results: dict[str, Any] = {}
@@ -167,23 +186,26 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
                                                  eval_set),
             "feedback_em", lengths.critic_input, lengths.feedback)
 
-    def generator_eval(p):
-        return refiner_lib.generator_metrics(task, text_model(p, lengths.input, lengths.target),
-                                             val[:config.warmup.eval_examples])
+    def generator_eval(examples):
+        def evaluate(p):
+            return refiner_lib.generator_metrics(task, text_model(p, lengths.input, lengths.target), examples)
+        return evaluate
 
     warm_train = train[:max(config.warmup.batch_size, int(round(len(train) * config.warmup.fraction)))]
 
     def warmup_spec():
         fraction = config.warmup.feedback_fraction
         pairs = refiner_lib.warmup_pairs(warm_train, task, fraction, config.refiner.template, config.seed)
-        return StageSpec("warmup", config.warmup, len(warm_train), pairs, generator_eval, task.primary_metric,
+        return StageSpec("warmup", config.warmup, len(warm_train), pairs,
+                         generator_eval(val[:config.warmup.eval_examples]), task.primary_metric,
                          lengths.refine_input if fraction > 0 else lengths.input, lengths.target)
 
     def refiner_spec():
         sampler_model = text_model(None, lengths.refine_input, lengths.target)
         return StageSpec("refiner", config.refiner, len(train),
                          refiner_lib.refiner_pairs(task, train, sampler_model, config.refiner, config.seed),
-                         generator_eval, task.primary_metric, lengths.refine_input, lengths.target)
+                         generator_eval(val[:config.refiner.eval_examples]), task.primary_metric,
+                         lengths.refine_input, lengths.target)
 
     run_stage("warmup", warmup_spec, pretrained)
     run_stage("critic", critic_spec, pretrained)
@@ -200,14 +222,16 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
                                            out_dir=workdir)
         timings["eval"] = time.time() - start
         results["eval"] = {"rows": evaluation["rows"], "seconds": timings["eval"]}
-        os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
-        with open(os.path.join(workdir, "eval", "DONE"), "w", encoding="utf-8") as f:
-            json.dump(results["eval"], f, indent=2, default=float)
-        results_lib.print_results(os.path.join(workdir, "results.json"))
+        if shd.is_main_process():
+            os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
+            with open(os.path.join(workdir, "eval", "DONE"), "w", encoding="utf-8") as f:
+                json.dump(results["eval"], f, indent=2, default=float)
+            results_lib.print_results(os.path.join(workdir, "results.json"))
     log.close()
-    with open(os.path.join(workdir, "timings.json"), "a", encoding="utf-8") as f:
-        f.write(json.dumps(timings) + "\n")
-    print("[timings] " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
+    if shd.is_main_process():
+        with open(os.path.join(workdir, "timings.json"), "a", encoding="utf-8") as f:
+            f.write(json.dumps(timings) + "\n")
+        print("[timings] " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
     return results
 
 
