@@ -20,7 +20,7 @@ import random
 from typing import Any, Callable, Iterable, Sequence
 
 from refiner_jax import evaluate, refine
-from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task
+from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, gold_fields_read
 
 
 class CriticInputError(ValueError):
@@ -64,13 +64,6 @@ def read_jsonl(path: str) -> list[dict]:
         raise CriticInputError(f"{path}: input file not found; expected {_RECORD_HELP}")
     with open(path, encoding="utf-8") as f:
         return read_records(f, path)
-
-
-def gold_fields_read(task: Task) -> set[str]:
-    """Which gold fields ("z", "y") `task.critic_input` puts into the critic's input (probed with marker values)."""
-    markers = {"z": "\u2063gold-z\u2063", "y": "\u2063gold-y\u2063"}
-    text = task.critic_input(Example("probe", "question", markers["z"], markers["y"]), "hypothesis")
-    return {field for field, marker in markers.items() if marker in text}
 
 
 def records_to_examples(records: Sequence[dict], task: Task, source: str = "<input>") -> list[Example]:

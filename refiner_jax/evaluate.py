@@ -18,7 +18,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from refiner_jax import refine
-from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, feedback_matches
+from refiner_jax import sharding as shd
+from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task, feedback_matches, is_no_hint
 
 ROW_LABELS = {
     "generator": "Generator alone",
@@ -220,7 +221,7 @@ def critic_eval_set(task: Task, examples: Sequence[Example], seed: int = 0) -> l
 
 
 def _has_error(feedback: str) -> bool:
-    return feedback.strip().lower() != NO_HINT.lower()
+    return not is_no_hint(feedback)
 
 
 def _detection(predicted: Sequence[str], gold_has_error: Sequence[bool]) -> dict[str, float]:
@@ -343,7 +344,9 @@ def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples:
     else:
         run = refine.RunInfo.load(workdir)
     eval_cfg = dict(run.config.get("eval", {}))
-    turns = int(turns or eval_cfg.get("turns", 3))
+    turns = int(turns if turns is not None else eval_cfg.get("turns", 3))
+    if turns < 1:
+        raise ValueError(f"turns={turns}: refinement needs at least one critic/revision turn")
     batch_size = int(eval_cfg.get("batch_size", 64))
     samples = int(eval_cfg.get("bootstrap_samples", 1000))
     epsilons = tuple(eval_cfg.get("noise_levels", (0.0, 0.25, 0.5, 0.75, 1.0)))
@@ -367,5 +370,6 @@ def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples:
     results["generator_stage"] = os.path.basename(generator_dir)
     results["workdir"] = os.path.abspath(workdir)
     results["training"] = results_lib.training_summary(workdir)
-    results_lib.write_results(results, out_dir or os.path.join(workdir, "eval"), workdir=workdir)
+    if shd.is_main_process():  # every process of a multi-process run evaluates (on its own devices); one writes
+        results_lib.write_results(results, out_dir or os.path.join(workdir, "eval"), workdir=workdir)
     return results

@@ -23,7 +23,8 @@ import numpy as np
 from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax import sampling
 from refiner_jax.models.t5 import PAD_ID, T5, T5Config, shift_right
-from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, refine_input
+from refiner_jax.tasks.base import (DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, gold_fields_read, is_no_hint,
+                                    refine_input)
 from refiner_jax.tokenizers import Tokenizer, load_tokenizer
 
 
@@ -106,6 +107,12 @@ class Critic(Protocol):
 class ModelCritic:
     """A trained critic: greedy feedback from (problem + hypothesis).
 
+        critic = ModelCritic.load(workdir)
+        critic.feedback(["Tom has 3 apples ...", ...], ["#0: 3 + 5", ...])   # -> ["The operator in #0 ...", ...]
+
+    Problems are `Example`s or plain question strings (for tasks whose critic reads only the question; Moral
+    Stories' critic also reads the gold moral action, so it needs `Example`s).
+
     With `prefer_no_hint` the greedy feedback is replaced by "No hint" whenever the critic gives "No hint" at
     least the probability of its greedy sentence. Greedy decoding commits to the first token, and every error
     sentence starts alike ("The ..."), so their summed mass can win the first step although "No hint" is the most
@@ -116,7 +123,16 @@ class ModelCritic:
     task: Task
     prefer_no_hint: bool = True
 
-    def feedback(self, examples, hypotheses):
+    def feedback(self, examples: Sequence[Example | str], hypotheses: Sequence[str]) -> list[str]:
+        if len(examples) != len(hypotheses):
+            raise ValueError(f"{len(examples)} problems but {len(hypotheses)} hypotheses; give one hypothesis each")
+        if any(isinstance(ex, str) for ex in examples):
+            needed = gold_fields_read(self.task)
+            if needed:
+                raise ValueError(f"task {self.task.name!r}'s critic reads the gold {sorted(needed)}, which a question "
+                                 "string does not carry; pass Example objects")
+            examples = [Example(f"problem-{i}", ex, "", "") if isinstance(ex, str) else ex
+                        for i, ex in enumerate(examples)]
         inputs = [self.task.critic_input(ex, h) for ex, h in zip(examples, hypotheses)]
         out = self.model.greedy(inputs)
         if self.prefer_no_hint and out:
@@ -214,10 +230,13 @@ def refine(generator: TextModel, critic: Critic, task: Task, examples: Sequence[
         if not active:
             break
         feedback = critic.feedback([examples[i] for i in active], [current[i] for i in active])
+        if len(feedback) != len(active):
+            raise ValueError(f"the critic returned {len(feedback)} feedback texts for {len(active)} hypotheses; a "
+                             "critic must answer every hypothesis it is given, in order")
         revise = []
         for i, f in zip(active, feedback):
             trajectories[i].feedback.append(f)
-            if f.strip() != NO_HINT:
+            if not is_no_hint(f):
                 revise.append(i)
         revised = generator.greedy([refine_input(examples[i].x, current[i], trajectories[i].feedback[-1], template)
                                     for i in revise]) if revise else []

@@ -348,3 +348,46 @@ def test_evaluate_run_without_generator_names_the_fix(tmp_path):
                                                       "lengths": {}}))
     with pytest.raises(FileNotFoundError, match="refiner/export or warmup/export"):
         evaluate.evaluate_run(str(tmp_path), max_examples=2)
+
+
+# ----------------------------------------------------------------------------------------------- the loop's edges
+
+
+@pytest.mark.parametrize("text,stop", [("No hint", True), ("no hint", True), ("  No   hint. ", True),
+                                       ("NO HINT!", True), ("No hints", False), ("Use g1.", False), ("", False)])
+def test_no_hint_in_any_spelling_stops_refinement(text, stop):
+    critic = refine.CallableCritic(lambda examples, hypotheses: [text] * len(examples))
+    trajectory = refine.refine(ToyGenerator(), critic, ToyTask(), EXAMPLES[1:2], turns=2)[0]
+    assert trajectory.feedback == ([text] if stop else [text, text])
+    assert len(trajectory.hypotheses) == (1 if stop else 3)
+    assert evaluate._has_error(text) is not stop
+
+
+def test_a_critic_that_skips_hypotheses_is_an_error():
+    critic = refine.CallableCritic(lambda examples, hypotheses: ["Use g1."] * (len(examples) - 1))
+    with pytest.raises(ValueError, match="returned 3 feedback texts for 4 hypotheses"):
+        refine.refine(ToyGenerator(), critic, ToyTask(), EXAMPLES, turns=1)
+
+
+class _EchoModel:
+    """Stands in for the critic's TextModel: 'feedback' names the input it was given; "No hint" never wins."""
+
+    def greedy(self, texts):
+        return [f"saw <{t}>" for t in texts]
+
+    def score(self, texts, targets):
+        return np.array([0.0 if target != NO_HINT else -1.0 for target in targets])
+
+
+def test_model_critic_takes_question_strings():
+    task = get_task("mwp")
+    critic = refine.ModelCritic(_EchoModel(), task)
+    questions = ["Tom has 3 apples and buys 5 more. How many apples does he have?", "Ann has 9 pens."]
+    got = critic.feedback(questions, ["#0: 3 + 5", "#0: 9 - 1"])
+    want = [task.critic_input(Example("any", q, "", ""), h) for q, h in zip(questions, ["#0: 3 + 5", "#0: 9 - 1"])]
+    assert got == [f"saw <{w}>" for w in want]
+    with pytest.raises(ValueError, match="2 problems but 1 hypotheses"):
+        critic.feedback(questions, ["#0: 3 + 5"])
+    moral = refine.ModelCritic(_EchoModel(), get_task("moral_stories"))
+    with pytest.raises(ValueError, match=r"reads the gold \['y'\].*pass Example objects"):
+        moral.feedback(["A story."], ["a norm"])

@@ -344,11 +344,12 @@ def test_score_hand_worked(task):
     ]
     scores = task.score(predictions, [a, b, c])
     assert scores["ir_em"] == pytest.approx(1 / 3)
+    assert scores["ir_valid"] == pytest.approx(1 / 3)  # the two wrong chains miss "clean" / derive nothing
     assert scores["consequent_acc"] == pytest.approx(1 / 3)
     assert scores["consequent_f1"] == pytest.approx((1 + 2 / 3 + 0) / 3)
     assert scores["consequent_iou"] == pytest.approx((1 + 1 / 2 + 0) / 3)
     assert task.score(["The argument is invalid!!"], [c]) == {
-        "ir_em": 0.0, "consequent_acc": 1.0, "consequent_f1": 1.0, "consequent_iou": 1.0}
+        "ir_em": 0.0, "ir_valid": 1.0, "consequent_acc": 1.0, "consequent_f1": 1.0, "consequent_iou": 1.0}
     assert helm_attribute_set("#0: x #1: The rose is clean and slow.") == {"clean", "slow"}
     with pytest.raises(ValueError):
         task.score(["a"], [a, b])
@@ -357,7 +358,8 @@ def test_score_hand_worked(task):
 def test_score_released_gold_is_perfect(task, released):
     examples = released["val"]
     scores = task.score([e.z for e in examples], examples)
-    assert scores == {"ir_em": 1.0, "consequent_acc": 1.0, "consequent_f1": 1.0, "consequent_iou": 1.0}
+    assert scores == {"ir_em": 1.0, "ir_valid": 1.0, "consequent_acc": 1.0, "consequent_f1": 1.0,
+                      "consequent_iou": 1.0}
 
 
 def test_registry_and_critic_input(task):
@@ -459,3 +461,22 @@ def test_property_mutated_hypotheses(task, hypothesis):
 @given(hypothesis=st.text(max_size=80), which=st.sampled_from([EXAMPLE_A, EXAMPLE_B, EXAMPLE_C, EXAMPLE_D]))
 def test_property_random_text(task, hypothesis, which):
     _check_consistent(task, ex(task, which), hypothesis)
+
+
+def test_ir_valid_counts_chains_the_oracle_accepts_ir_em_only_the_gold_string(task):
+    example = task.example_from_record({
+        "rules": ["If a plant is old or round, then the plant is slow.", "If a rose is bad, then the rose is green.",
+                  "If a rose is weak, then the rose is clean.", "If a plant is big and hot, then the plant is young.",
+                  "If a rose is sad, then the rose is beautiful."],
+        "fact": "The rose is frail and ancient.", "consequents": "The rose is slow and clean"}, "b")
+    # Worked by hand: ancient -> old, a rose is a plant, so slow (rule 1); frail -> weak, so clean (rule 3).
+    valid_not_gold = [
+        "#0: frail is weak #1: ancient is old #2: rose is plant #3: rose is old #4: rose is slow and clean",
+        "#0: ancient is old #1: rose is plant #2: rose is old #3: frail is weak #4: rose is clean and slow",
+    ]
+    wrong = "#0: ancient is old #1: rose is plant #2: rose is old #3: rose is slow"  # never derives "clean"
+    for chain in valid_not_gold:
+        assert task.oracle_feedback(example, chain).text == "No hint"
+        assert task.score([chain], [example])["ir_valid"] == 1.0 and task.score([chain], [example])["ir_em"] == 0.0
+    assert task.score([wrong], [example])["ir_valid"] == 0.0
+    assert task.score([example.z], [example])["ir_em"] == task.score([example.z], [example])["ir_valid"] == 1.0

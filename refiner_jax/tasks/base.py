@@ -116,6 +116,19 @@ def feedback_sentences(text: str) -> frozenset[str]:
     return frozenset(p for p in parts if p)
 
 
+def is_no_hint(feedback: str) -> bool:
+    """Whether feedback says there is nothing to fix: "No hint", in any case and spacing, with or without a final
+    period (critics and people write it all these ways)."""
+    return " ".join(feedback.split()).rstrip(".!").lower() == NO_HINT.lower()
+
+
+def gold_fields_read(task: "Task") -> set[str]:
+    """Which gold fields ("z", "y") `task.critic_input` puts into the critic's input (probed with marker values)."""
+    markers = {"z": "\u2063gold-z\u2063", "y": "\u2063gold-y\u2063"}
+    text = task.critic_input(Example("probe", "question", markers["z"], markers["y"]), "hypothesis")
+    return {field for field, marker in markers.items() if marker in text}
+
+
 def feedback_matches(predicted: str, gold: str) -> bool:
     """Exact match of two feedback texts, insensitive to sentence order, spacing and case."""
     return feedback_sentences(predicted) == feedback_sentences(gold)

@@ -593,16 +593,19 @@ class SNLRTask:
     # ---- metrics
 
     def score(self, predictions: Sequence[str], examples: Sequence[Example]) -> dict[str, float]:
-        """ir_em: chain exact match (whitespace-normalised); consequent_acc: HELM exact set match of the last
-        step's attributes; consequent_f1 / consequent_iou: HELM's set F1 / IoU. Means over examples."""
+        """ir_em: chain exact match (whitespace-normalised), the paper's IR metric; ir_valid: chains the oracle
+        accepts (every step valid and the conclusion reached, in any order: what "No hint" stops refinement on);
+        consequent_acc: HELM exact set match of the last step's attributes; consequent_f1 / consequent_iou: HELM's
+        set F1 / IoU. Means over examples."""
         if len(predictions) != len(examples):
             raise ValueError(f"{len(predictions)} predictions for {len(examples)} examples")
-        totals = dict.fromkeys(("ir_em", "consequent_acc", "consequent_f1", "consequent_iou"), 0.0)
+        totals = dict.fromkeys(("ir_em", "ir_valid", "consequent_acc", "consequent_f1", "consequent_iou"), 0.0)
         for prediction, example in zip(predictions, examples):
             text = prediction if isinstance(prediction, str) else ""
             gold = frozenset(example.meta["consequents"])
             predicted = helm_attribute_set(text)
             totals["ir_em"] += float(_normalise_ws(text) == _normalise_ws(example.z))
+            totals["ir_valid"] += float(not oracle_errors(example.meta, text, self.chain_style))
             totals["consequent_acc"] += float(predicted == gold)
             totals["consequent_f1"] += set_f1(gold, predicted)
             totals["consequent_iou"] += set_iou(gold, predicted)
