@@ -40,9 +40,10 @@ def base_config() -> ml_collections.ConfigDict:
     # `preset` names the architecture; `checkpoint` (a transformers T5 directory or hub name) imports weights.
     c.model = ml_collections.ConfigDict({"preset": "t5-tiny", "checkpoint": "", "dropout_rate": 0.1,
                                          "dtype": "float32", "param_dtype": "float32", "remat": False})
-    # Token budgets: texts are truncated to them and batches padded to them (fixed shapes compile once).
+    # Token budgets: texts are truncated to them and batches padded to them (fixed shapes compile once). The
+    # oracle's feedback on a generator's hypothesis can name several errors: up to 29 tokens on the synthetic MWP.
     c.lengths = ml_collections.ConfigDict({"input": 56, "target": 24, "refine_input": 96, "critic_input": 80,
-                                           "feedback": 16})
+                                           "feedback": 32})
     c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
     # Logical axis -> mesh axes, first match wins (see `refiner_jax.sharding`); e.g. replace ("embed", "fsdp") by
     # ("embed", None) to replicate the parameters while still splitting batches over fsdp.

@@ -120,7 +120,8 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config, tokeni
         target, _ = abstract_train_state(init_fn, tx, mesh, rules)
         state, extra = checkpointer.restore(target)
         order.load_state_dict(extra["data"])
-        print(f"[{spec.name}] resumed from step {int(state.step)}")
+        if shd.is_main_process():
+            print(f"[{spec.name}] resumed from step {int(state.step)}")
     step = int(state.step)
     progress = tqdm.tqdm(total=stage.steps, initial=step, desc=spec.name, dynamic_ncols=True,
                          disable=not shd.is_main_process())

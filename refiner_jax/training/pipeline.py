@@ -130,7 +130,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
     recorded = _check_workdir_config(workdir, config)
     task = get_task(config.task.name, **dict(config.task.options))
     splits = load_splits(task, config)
-    print(f"[data] {task.name}: " + ", ".join(f"{k} {len(v)}" for k, v in splits.items()))
+    if shd.is_main_process():
+        print(f"[data] {task.name}: " + ", ".join(f"{k} {len(v)}" for k, v in splits.items()))
     # A tokenizer left by a setup that failed before its config was recorded may be stale: made again.
     tokenizer = build_tokenizer(config, task, splits["train"], workdir, reuse=recorded)
     model_config, pretrained = model_setup(config, tokenizer)
