@@ -147,8 +147,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
     log = MetricsLog(workdir)
     lengths = config.lengths
     common = dict(workdir=workdir, model_config=model_config, tokenizer=tokenizer, mesh=mesh, rules=rules,
-                  seed=config.seed,
-                  checkpoint_every=config.checkpoint.every, keep=config.checkpoint.keep,
+                  seed=config.seed, checkpoint_every=config.checkpoint.every, keep=config.checkpoint.keep,
                   log=log, log_every=config.log_every)
     results: dict[str, Any] = {}
     timings: dict[str, float] = {}
