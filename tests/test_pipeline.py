@@ -299,3 +299,15 @@ def test_generator_targets_carry_the_moral_action():
     scores = task.score([target], [ex])
     assert scores["norm_rougeL"] == scores["action_rougeL"] == 1.0
     assert task.score([ex.z], [ex])["action_rougeL"] == 0.0  # the norm alone earns no action credit
+
+
+def test_texts_over_the_token_budget_are_reported():
+    from refiner_jax.tokenizers import ByteTokenizer
+    from refiner_jax.training.loop import truncation_warning
+
+    tok = ByteTokenizer()  # one id per byte, then EOS
+    pairs = [("abcdef", "xy"), ("ab", "xyz")]
+    assert truncation_warning("critic", tok, pairs, input_len=7, target_len=4) is None  # 6 + EOS fits 7
+    assert truncation_warning("critic", tok, pairs, input_len=4, target_len=3) == (
+        "[critic] 1 of 2 inputs are longer than 4 tokens (up to 7); 1 of 2 targets are longer than 3 tokens (up to 4) "
+        "and are cut to fit; raise the budgets in config.lengths")

@@ -82,6 +82,20 @@ def encode_pairs(tokenizer: Tokenizer, pairs: Pairs, input_len: int, target_len:
     return {"inputs": inputs, "targets": targets}
 
 
+def truncation_warning(name: str, tokenizer: Tokenizer, pairs: Pairs, input_len: int, target_len: int) -> str | None:
+    """A message when texts of `pairs` exceed the stage's token budgets (they are cut to fit), else None."""
+    cut = []
+    for side, texts, budget in (("inputs", [p[0] for p in pairs], input_len),
+                                ("targets", [p[1] for p in pairs], target_len)):
+        lengths = [len(tokenizer.encode(t)) for t in texts]  # EOS included
+        over = sum(n > budget for n in lengths)
+        if over:
+            cut.append(f"{over} of {len(texts)} {side} are longer than {budget} tokens (up to {max(lengths)})")
+    if not cut:
+        return None
+    return f"[{name}] {'; '.join(cut)} and are cut to fit; raise the budgets in config.lengths"
+
+
 def stage_done(workdir: str, name: str) -> dict | None:
     """The final metrics of a finished stage, or None if it has not finished."""
     path = os.path.join(workdir, name, "DONE")
@@ -127,9 +141,15 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config, tokeni
                          disable=not shd.is_main_process())
     window_start, window_examples, window_tokens = time.time(), 0, 0
     last_eval: dict[str, float] = {}
+    first_batch = True
     while step < stage.steps:
         # Every process makes the same pairs (their sampling needs the same inputs everywhere), then feeds its rows.
         pairs = spec.make_pairs(state.params, order.next_indices(), step)
+        if first_batch and shd.is_main_process():
+            warning = truncation_warning(spec.name, tokenizer, pairs, spec.input_len, spec.target_len)
+            if warning:
+                progress.write(warning)
+        first_batch = False
         batch = encode_pairs(tokenizer, pairs, spec.input_len, spec.target_len)  # the global batch, every process
         window_examples += len(pairs)
         window_tokens += int((batch["inputs"] > 0).sum() + (batch["targets"] > 0).sum())
