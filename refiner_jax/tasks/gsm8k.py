@@ -14,6 +14,9 @@ is newline-separated steps with calculator annotations `<<expr=result>>` and a l
   upstream grader: the first `#### (-?[0-9.,]+)` match with commas removed, compared as a string.
 - Calculator: `evaluate_expression` is a small recursive-descent evaluator over exact fractions (numbers with
   optional decimals and thousands commas, `+ - * /`, parentheses, unary minus/plus); anything else is rejected.
+  `calculator_completion` gives what to append when a model has written `<<expr=`, the GSM8K decoding convention.
+  The sampler knows no task, so a GSM8K generation loop calls it between its own decode steps; no config here
+  trains on GSM8K yet.
 
 Step correctness (`step_correctness`), the rule behind the oracle and the process labels. Walking the steps in
 order with a set of *known* numbers, initially the question's numbers, `CONSTANTS` and the numbers the gold
