@@ -20,7 +20,7 @@ import random
 from typing import Any, Callable, Iterable, Sequence
 
 from refiner_jax import evaluate, refine
-from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, gold_fields_read
+from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, gold_fields_read, is_no_hint
 
 
 class CriticInputError(ValueError):
@@ -221,9 +221,6 @@ def run_tool(critic: refine.Critic, task: Task, input_path: str, output_path: st
 
 # ----------------------------------------------------------------------------------------------- interactive
 
-ACCEPT_WORDS = frozenset({"ok", NO_HINT.lower()})
-
-
 @dataclasses.dataclass
 class _Unscored:
     """A task whose `score` returns nothing: a problem typed at the terminal has no gold to score against."""
@@ -246,7 +243,7 @@ def interactive_refine(task: Task, generator, example: Example, suggest: refine.
 
     def ask_feedback(prompt: str) -> str:
         typed = ask(prompt).strip()
-        return NO_HINT if typed.lower() in ACCEPT_WORDS else typed
+        return NO_HINT if typed.lower() == "ok" or is_no_hint(typed) else typed
 
     human = refine.HumanCritic(suggest=suggest, ask=ask_feedback, show=show)
     scored = bool(example.z)
