@@ -19,6 +19,7 @@ def get_config(arg: str | None = None):
         pass
     elif variant == "svamp":
         config.task.data_dir = shared_data_dir("svamp", "mawps-asdiv-a_svamp")
+        config.task.options.lowercase = True  # SVAMP's questions are lower case; the vocabulary is learned from train
         config.lengths.input = 128
         config.lengths.target = 48
         config.lengths.refine_input = 192

@@ -326,6 +326,19 @@ def test_load_svamp_csvs(svamp_dir, shared_data):
     assert [e.uid for e in get_task("mwp", seed=4).load("val", svamp_dir)] != [e.uid for e in val]
 
 
+def test_lowercase_option_matches_svamp_casing(svamp_dir):
+    """SVAMP's test questions are all lower case, many MAWPS+ASDiv-A ones are not; `lowercase` lowers every csv
+    question and leaves the split, equations, numbers and answers as they were."""
+    plain, lowered = get_task("mwp"), get_task("mwp", lowercase=True)
+    assert all(e.x == e.x.lower() for e in plain.load("test", svamp_dir))
+    for split in ("train", "val", "test"):
+        a, b = plain.load(split, svamp_dir), lowered.load(split, svamp_dir)
+        assert [(e.uid, e.x.lower(), e.z, e.y) for e in a] == [(e.uid, e.x, e.z, e.y) for e in b]
+    train = plain.load("train", svamp_dir)
+    assert sum(e.x != e.x.lower() for e in train) > len(train) // 2
+    assert train[0].x.startswith("Bryan took a look") and lowered.load("train", svamp_dir)[0].x.startswith("bryan")
+
+
 @pytest.mark.parametrize("content,message", [
     (None, "file not found"),
     ("", "missing column"),

@@ -468,7 +468,7 @@ def _example_from_fields(uid: str, question: str, numbers: Sequence[float], equa
                    meta=meta)
 
 
-def _examples_from_csv(path: str, prefix: str) -> list[Example]:
+def _examples_from_csv(path: str, prefix: str, lowercase: bool = False) -> list[Example]:
     examples = []
     for i, row in enumerate(_read_csv(path)):
         where = f"{path}: data row {i + 1}"
@@ -477,7 +477,9 @@ def _examples_from_csv(path: str, prefix: str) -> list[Example]:
             numbers = [float(v) for v in (row["Numbers"] or "").split()]
             answer = float(row["Answer"] or "")
             extra = {"type": row["Type"]} if row.get("Type") else {}
-            ex = _example_from_fields(f"{prefix}-{i}", row["Question"] or "", numbers, equation, answer, extra)
+            question = row["Question"] or ""
+            ex = _example_from_fields(f"{prefix}-{i}", question.lower() if lowercase else question, numbers,
+                                      equation, answer, extra)
         except ValueError as e:
             raise DataError(f"{where}: {e}; expected Numbers = space-separated numbers, Equation = a prefix "
                             f"equation over numberK and constants, Answer = a number") from e
@@ -518,7 +520,9 @@ class MWPTask:
     Options: `seed` (val split and synthetic data), `val_size` (problems held out of train.csv for validation),
     `no_change_rate` (share of unchanged hypotheses among perturbations), `perturbation_weights` (relative weights
     of PERTURBATIONS), `answer_rel_tol`/`answer_abs_tol` (answer accuracy), `synthetic_sizes` (train/val/test
-    sizes of the embedded generator used when `data_dir` is None).
+    sizes of the embedded generator used when `data_dir` is None), `lowercase` (lower-case the csv questions:
+    SVAMP's test questions are all lower case while 61% of MAWPS+ASDiv-A's training questions have capitals, which
+    a tokenizer trained from scratch splits differently).
     """
 
     name = "mwp"
@@ -527,7 +531,8 @@ class MWPTask:
 
     def __init__(self, seed: int = 0, val_size: int = 300, no_change_rate: float = 0.2,
                  perturbation_weights: Mapping[str, float] | None = None, answer_rel_tol: float = 1e-4,
-                 answer_abs_tol: float = 5e-3, synthetic_sizes: Mapping[str, int] | None = None):
+                 answer_abs_tol: float = 5e-3, synthetic_sizes: Mapping[str, int] | None = None,
+                 lowercase: bool = False):
         weights = dict(DEFAULT_PERTURBATION_WEIGHTS if perturbation_weights is None else perturbation_weights)
         unknown = set(weights) - set(PERTURBATIONS)
         if unknown or not weights or any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
@@ -542,6 +547,7 @@ class MWPTask:
         self.answer_rel_tol = answer_rel_tol
         self.answer_abs_tol = answer_abs_tol
         self.synthetic_sizes = {**synthetic_mwp.DEFAULT_SIZES, **(synthetic_sizes or {})}
+        self.lowercase = lowercase
         self._synthetic_cache: dict[str, tuple[Example, ...]] | None = None
 
     # -- data
@@ -557,8 +563,8 @@ class MWPTask:
         if data_dir is None:
             return list(self._synthetic()[split])
         if split == "test":
-            return _examples_from_csv(os.path.join(data_dir, "dev.csv"), "svamp")
-        train, val = heldout_split(_examples_from_csv(os.path.join(data_dir, "train.csv"), "mawps"),
+            return _examples_from_csv(os.path.join(data_dir, "dev.csv"), "svamp", self.lowercase)
+        train, val = heldout_split(_examples_from_csv(os.path.join(data_dir, "train.csv"), "mawps", self.lowercase),
                                    self.val_size, self.seed)
         return train if split == "train" else val
 
