@@ -47,8 +47,17 @@ class TextModel:
     def generate(self, texts: Sequence[str], *, num_samples: int = 1, top_p: float = 1.0, temperature: float = 0.0,
                  rng: jax.Array | None = None) -> list[list[str]]:
         """`num_samples` continuations per text (greedy when temperature is 0), `[len(texts)][num_samples]`."""
+        return self.generate_with_log_probs(texts, num_samples=num_samples, top_p=top_p, temperature=temperature,
+                                            rng=rng)[0]
+
+    def generate_with_log_probs(self, texts: Sequence[str], *, num_samples: int = 1, top_p: float = 1.0,
+                                temperature: float = 0.0, rng: jax.Array | None = None
+                                ) -> tuple[list[list[str]], np.ndarray]:
+        """`generate`'s texts and each one's model log-probability (unscaled by temperature, end token included
+        when it was produced), `[len(texts), num_samples]`."""
         rng = jax.random.key(0) if rng is None else rng
         out: list[list[str]] = []
+        log_probs = []
         for start in range(0, len(texts), self.batch_size):
             chunk = list(texts[start:start + self.batch_size])
             rows = chunk + [""] * (self.batch_size - len(chunk))
@@ -59,7 +68,8 @@ class TextModel:
             tokens = np.asarray(result.tokens)  # [batch, k, len]
             for i in range(len(chunk)):
                 out.append(self.tokenizer.decode_batch(tokens[i]))
-        return out
+            log_probs.append(np.asarray(result.log_prob)[:len(chunk)])  # [batch, k]
+        return out, (np.concatenate(log_probs) if log_probs else np.zeros((0, num_samples), np.float32))
 
     def greedy(self, texts: Sequence[str]) -> list[str]:
         return [s[0] for s in self.generate(texts)]
@@ -134,11 +144,11 @@ class ModelCritic:
             examples = [Example(f"problem-{i}", ex, "", "") if isinstance(ex, str) else ex
                         for i, ex in enumerate(examples)]
         inputs = [self.task.critic_input(ex, h) for ex, h in zip(examples, hypotheses)]
-        out = self.model.greedy(inputs)
+        texts, greedy_lp = self.model.generate_with_log_probs(inputs)
+        out = [t[0] for t in texts]
         if self.prefer_no_hint and out:
-            greedy_lp = self.model.score(inputs, out)
             no_hint_lp = self.model.score(inputs, [NO_HINT] * len(inputs))
-            out = [NO_HINT if n >= g else f for f, g, n in zip(out, greedy_lp, no_hint_lp)]
+            out = [NO_HINT if n >= g else f for f, g, n in zip(out, greedy_lp[:, 0], no_hint_lp)]
         return out
 
     @classmethod

@@ -372,8 +372,8 @@ def test_a_critic_that_skips_hypotheses_is_an_error():
 class _EchoModel:
     """Stands in for the critic's TextModel: 'feedback' names the input it was given; "No hint" never wins."""
 
-    def greedy(self, texts):
-        return [f"saw <{t}>" for t in texts]
+    def generate_with_log_probs(self, texts):
+        return [[f"saw <{t}>"] for t in texts], np.zeros((len(texts), 1))
 
     def score(self, texts, targets):
         return np.array([0.0 if target != NO_HINT else -1.0 for target in targets])
@@ -391,3 +391,26 @@ def test_model_critic_takes_question_strings():
     moral = refine.ModelCritic(_EchoModel(), get_task("moral_stories"))
     with pytest.raises(ValueError, match=r"reads the gold \['y'\].*pass Example objects"):
         moral.feedback(["A story."], ["a norm"])
+
+
+def test_text_model_log_probs_follow_each_text_across_batches_and_padding():
+    """Three prompts in batches of two (the last one padded): each text's greedy output and log-probability are the
+    sampler's for that prompt run alone."""
+    import jax
+
+    from refiner_jax import sampling
+    from refiner_jax.models.t5 import T5, preset
+    from refiner_jax.tokenizers import ByteTokenizer
+
+    tok = ByteTokenizer()
+    config = preset("t5-tiny", vocab_size=tok.vocab_size)
+    params = T5(config).init(jax.random.key(0), np.ones((1, 8), np.int32), np.ones((1, 8), np.int32))["params"]
+    model = refine.TextModel(config, params, tok, max_input=16, max_output=6, bucket=16, batch_size=2)
+    texts = ["first problem", "a second", "third one here"]
+    outputs, log_probs = model.generate_with_log_probs(texts)
+    assert log_probs.shape == (3, 1) and [o[0] for o in outputs] == model.greedy(texts)
+    for text, lp in zip(texts, log_probs[:, 0]):
+        alone = sampling.sample_t5(params, tok.encode_batch([text], 16, pad_to=16), jax.random.key(0), config=config,
+                                   num_samples=1, max_new_tokens=6, temperature=0.0)
+        np.testing.assert_allclose(lp, float(alone.log_prob[0, 0]), rtol=1e-5, atol=1e-5)
+    assert len(set(np.round(log_probs[:, 0], 4))) == 3

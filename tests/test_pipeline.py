@@ -238,13 +238,15 @@ def test_model_critic_prefers_no_hint_when_it_is_the_more_likely_sequence():
     """Greedy commits to the shared first token of the error sentences; the critic compares whole sequences."""
     from refiner_jax.refine import ModelCritic
 
-    class FakeModel:
-        def greedy(self, texts):
-            return ["The operator in #0 is incorrect."] * len(texts)
+    table = {("a", "No hint"): -0.5, ("a", "The operator in #0 is incorrect."): -0.9,
+             ("b", "No hint"): -2.0, ("b", "The operator in #0 is incorrect."): -0.3}
 
-        def score(self, texts, targets):  # log-probs: problem 0 favours "No hint", problem 1 the error sentence
-            table = {("a", "No hint"): -0.5, ("a", "The operator in #0 is incorrect."): -0.9,
-                     ("b", "No hint"): -2.0, ("b", "The operator in #0 is incorrect."): -0.3}
+    class FakeModel:  # log-probs: problem 0 favours "No hint", problem 1 the error sentence
+        def generate_with_log_probs(self, texts):
+            out = "The operator in #0 is incorrect."
+            return [[out] for _ in texts], np.array([[table[(t[0], out)]] for t in texts])
+
+        def score(self, texts, targets):
             return np.array([table[(t[0], y)] for t, y in zip(texts, targets)])
 
     class Task:
