@@ -205,7 +205,7 @@ def evaluate_refinement(task: Task, generator, critic: refine.Critic | None, ora
     if critic is not None:
         quality = critic_quality(task, critic, examples, seed=seed, bootstrap_samples=bootstrap_samples)
         quality["on_generator"] = _feedback_agreement(
-            task, examples, [t.hypotheses[0] for t in runs["critic"]], [t.feedback[0] for t in runs["critic"]])
+            task, critic, examples, [t.hypotheses[0] for t in runs["critic"]], [t.feedback[0] for t in runs["critic"]])
         results["critic_quality"] = quality
     return results
 
@@ -236,22 +236,47 @@ def _detection(predicted: Sequence[str], gold_has_error: Sequence[bool]) -> dict
             "predicted_errors": int(pred.sum()), "gold_errors": int(gold.sum())}
 
 
-def _feedback_agreement(task: Task, examples: Sequence[Example], hypotheses: Sequence[str],
+def error_auroc(confidence: Sequence[float], has_error: Sequence[bool]) -> float:
+    """Area under the ROC curve of flagging errors by low `confidence` (e.g. the critic's log-probability of "No
+    hint"): the chance that a random wrong hypothesis gets a lower confidence than a random right one, ties counting
+    half (Mann-Whitney). 0.5 is chance; NaN when all hypotheses are right or all wrong."""
+    conf = np.asarray(confidence, dtype=np.float64)
+    wrong = np.asarray(has_error, dtype=bool)
+    n_wrong, n_right = int(wrong.sum()), int((~wrong).sum())
+    if n_wrong == 0 or n_right == 0:
+        return float("nan")
+    _, inverse, counts = np.unique(conf, return_inverse=True, return_counts=True)
+    ranks = (np.cumsum(counts) - (counts - 1) / 2.0)[inverse]  # 1-based ranks, ties get their mean rank
+    return float((ranks[~wrong].sum() - n_right * (n_right + 1) / 2.0) / (n_wrong * n_right))
+
+
+def _confidence_auroc(critic: refine.Critic, examples: Sequence[Example], hypotheses: Sequence[str],
+                      has_error: Sequence[bool]) -> float | None:
+    """`error_auroc` of the critic's "No hint" log-probability, for critics that expose one (None otherwise)."""
+    scorer = getattr(critic, "no_hint_log_probs", None)
+    return error_auroc(scorer(list(examples), list(hypotheses)), has_error) if scorer else None
+
+
+def _feedback_agreement(task: Task, critic: refine.Critic, examples: Sequence[Example], hypotheses: Sequence[str],
                         predicted: Sequence[str]) -> dict[str, Any]:
     """Feedback EM and error detection of critic feedback against the oracle's, on given hypotheses."""
     gold = [task.oracle_feedback(ex, h) for ex, h in zip(examples, hypotheses)]
     em = [feedback_matches(p, g.text) for p, g in zip(predicted, gold)]
+    has_error = [not g.ok for g in gold]
     return {"n": len(em), "feedback_em": float(np.mean(em)) if em else float("nan"),
-            "has_error": _detection(predicted, [not g.ok for g in gold])}
+            "has_error": _detection(predicted, has_error),
+            "auroc": _confidence_auroc(critic, examples, hypotheses, has_error)}
 
 
 def critic_quality(task: Task, critic: refine.Critic, examples: Sequence[Example], seed: int = 0,
                    bootstrap_samples: int = 1000) -> dict[str, Any]:
     """Feedback exact match (sentence-order-insensitive, `feedback_matches`) against the oracle on the held-out
     perturbation set, overall and per gold error kind ("no_error" for unchanged hypotheses; a hypothesis with
-    several kinds counts under each), with bootstrap CIs; plus precision/recall of "has an error"."""
+    several kinds counts under each), with bootstrap CIs; plus precision/recall of "has an error", and the AUROC of
+    the critic's "No hint" probability as an error detector when the critic has one (`error_auroc`)."""
     eval_set = critic_eval_set(task, examples, seed)
-    predicted = critic.feedback([ex for ex, _, _ in eval_set], [h for _, h, _ in eval_set])
+    hypotheses = [h for _, h, _ in eval_set]
+    predicted = critic.feedback([ex for ex, _, _ in eval_set], hypotheses)
     groups: dict[str, list[float]] = {"all": []}
     for pred, (_, _, gold) in zip(predicted, eval_set):
         hit = float(feedback_matches(pred, gold.text))
@@ -265,8 +290,9 @@ def critic_quality(task: Task, critic: refine.Critic, examples: Sequence[Example
         if kind in groups:
             mean, low, high = bootstrap_ci(groups[kind], bootstrap_samples, seed)
             per_type[kind] = {"n": len(groups[kind]), "mean": mean, "low": low, "high": high}
-    return {"n": len(eval_set), "seed": seed, "feedback_em": per_type,
-            "has_error": _detection(predicted, [not g.ok for _, _, g in eval_set])}
+    has_error = [not g.ok for _, _, g in eval_set]
+    return {"n": len(eval_set), "seed": seed, "feedback_em": per_type, "has_error": _detection(predicted, has_error),
+            "auroc": _confidence_auroc(critic, [ex for ex, _, _ in eval_set], hypotheses, has_error)}
 
 
 # ----------------------------------------------------------------------------------------------- noise study
@@ -353,6 +379,8 @@ def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples:
     template = run.config.get("refiner", {}).get("template", DEFAULT_REFINE_TEMPLATE)
     seed = int(run.config.get("seed", 0))
     limit = max_examples if max_examples is not None else eval_cfg.get("examples")
+    if limit is not None and int(limit) < 1:
+        raise ValueError(f"examples={limit}: evaluate at least one test problem")
 
     task = run.task()
     data_dir = run.config.get("task", {}).get("data_dir") or None

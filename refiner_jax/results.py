@@ -24,9 +24,13 @@ def _pct(value: float | None) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.1f}"
 
 
+def _auroc(quality: Mapping[str, Any]) -> str:
+    return _pct(quality.get("auroc"))  # absent from results written before it was measured
+
+
 def format_ci(cell: Mapping[str, Any], signed: bool = False) -> str:
     """`mean [low, high]` in %, or `mean †` when the metric has no CI; `signed` writes a difference (`+1.2`)."""
-    pct = (lambda v: ("+" if v > 0 else "") + _pct(v)) if signed else _pct
+    pct = (lambda v: ("+" if v is not None and v > 0 else "") + _pct(v)) if signed else _pct
     if cell.get("low") is None or cell.get("high") is None:
         return f"{pct(cell['mean'])} †"
     return f"{pct(cell['mean'])} [{pct(cell['low'])}, {pct(cell['high'])}]"
@@ -99,15 +103,16 @@ def render_markdown(results: Mapping[str, Any], plots: Sequence[str] = ()) -> st
         lines += _table(["Gold error", "n", "Feedback EM"],
                         [[k, v["n"], format_ci(v)] for k, v in quality["feedback_em"].items()])
         det = quality["has_error"]
-        lines += ["", "Detecting an error (feedback other than \"No hint\"):", ""]
+        lines += ["", "Detecting an error (feedback other than \"No hint\"; AUROC: the critic's probability of "
+                  "\"No hint\" as an error score, 50 = chance):", ""]
         table = [["held-out perturbations", quality["n"], _pct(det["precision"]), _pct(det["recall"]),
-                  _pct(det["f1"]), "–"]]
+                  _pct(det["f1"]), _auroc(quality), "–"]]
         gen = quality.get("on_generator")
         if gen:
             g = gen["has_error"]
             table.append(["generator's turn-0 hypotheses", gen["n"], _pct(g["precision"]), _pct(g["recall"]),
-                          _pct(g["f1"]), _pct(gen["feedback_em"])])
-        lines += _table(["Hypotheses", "n", "Precision", "Recall", "F1", "Feedback EM"], table) + [""]
+                          _pct(g["f1"]), _auroc(gen), _pct(gen["feedback_em"])])
+        lines += _table(["Hypotheses", "n", "Precision", "Recall", "F1", "AUROC", "Feedback EM"], table) + [""]
 
     noise = results.get("noise")
     if noise and noise.get("rows"):

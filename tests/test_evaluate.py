@@ -279,6 +279,31 @@ def test_critic_quality_ignores_sentence_order_on_mwp():
     assert silent["feedback_em"]["no_error"]["mean"] == 1.0
     assert silent["feedback_em"]["operator"]["mean"] == 0.0
     assert silent["has_error"]["recall"] == 0.0 and np.isnan(silent["has_error"]["precision"])
+    assert quality["auroc"] is None  # a plain callable has no confidence to rank by
+
+    class ConfidentOracle:  # the oracle's feedback, and a "No hint" log-probability of 0 when right, -5 when wrong
+        feedback = staticmethod(refine.OracleCritic(task).feedback)
+
+        @staticmethod
+        def no_hint_log_probs(exs, hyps):
+            return np.array([0.0 if task.oracle_feedback(ex, h).ok else -5.0 for ex, h in zip(exs, hyps)])
+
+    assert evaluate.critic_quality(task, ConfidentOracle(), examples, bootstrap_samples=50)["auroc"] == 1.0
+
+
+def test_error_auroc_hand_worked_and_against_pair_counting():
+    # Wrong hypotheses have confidences 0.1 and 0.5, right ones 0.9 and 0.5: of the 4 (wrong, right) pairs three
+    # rank the wrong one lower and one ties -> 3.5 / 4.
+    assert evaluate.error_auroc([0.9, 0.1, 0.5, 0.5], [False, True, True, False]) == 0.875
+    assert evaluate.error_auroc([1, 2, 3], [True, False, False]) == 1.0
+    assert evaluate.error_auroc([3, 2, 1], [True, False, False]) == 0.0
+    assert evaluate.error_auroc([7, 7, 7], [True, False, True]) == 0.5
+    assert np.isnan(evaluate.error_auroc([1.0, 2.0], [False, False]))
+    rng = np.random.default_rng(0)
+    conf = rng.integers(0, 6, size=300).astype(float)  # many ties
+    wrong = rng.random(300) < 0.4
+    pairs = conf[wrong][:, None] - conf[~wrong][None, :]
+    assert evaluate.error_auroc(conf, wrong) == pytest.approx(np.mean((pairs < 0) + 0.5 * (pairs == 0)))
 
 
 # ----------------------------------------------------------------------------------------------- trained runs
@@ -303,6 +328,9 @@ class _MWPFakeModel:
             out.append(gold if revising or i % 2 == 0 else gold.replace("add", "multiply").replace(
                 "subtract", "multiply").replace("divide", "multiply") + " | #9: add ( number0, number0 )")
         return out
+
+    def generate_with_log_probs(self, texts):
+        return [[t] for t in self.greedy(texts)], np.zeros((len(texts), 1))
 
     def score(self, texts, targets):  # every target equally likely: the critic's "No hint" stands
         return np.zeros(len(texts))
@@ -341,6 +369,8 @@ def test_evaluate_run_writes_reports(tmp_path, monkeypatch):
     for name in ("results.md", "results.json", "predictions.jsonl", "noise.png", "curves_critic.png"):
         assert (out / name).is_file(), name
     assert "| + oracle critic (T=2) | 100.0 [100.0, 100.0] |" in (out / "results.md").read_text()
+    with pytest.raises(ValueError, match="examples=0: evaluate at least one test problem"):
+        evaluate.evaluate_run(str(workdir), max_examples=0)
 
 
 def test_evaluate_run_without_generator_names_the_fix(tmp_path):
