@@ -5,9 +5,13 @@
 
 Input: one JSON object per line, {"question": ..., "hypothesis": ...} plus an optional "id". Output: the same
 records with "feedback" added, and with --render_prompt a few-shot "prompt" that asks an LLM to revise the
-hypothesis given the feedback (built-in demonstrations for MWP; --demos=FILE.jsonl with question / hypothesis /
-feedback / revision per line replaces them). The logic lives in `refiner_jax.critic_tool`.
+hypothesis given the feedback (built-in demonstrations for MWP only, other tasks get a zero-shot prompt;
+--demos=FILE.jsonl with question / hypothesis / feedback / revision per line gives or replaces them). Inputs longer
+than the critic's token budget are reported (raise it with --max_input). The logic lives in
+`refiner_jax.critic_tool`.
 """
+import os
+
 from absl import app, flags
 
 from refiner_jax import critic_tool, refine
@@ -18,20 +22,35 @@ _OUTPUT = flags.DEFINE_string("output", None, "JSONL to write (records + feedbac
 _RENDER = flags.DEFINE_bool("render_prompt", False, "Also write an LLM refinement prompt per record.")
 _DEMOS = flags.DEFINE_string("demos", None, "JSONL of demonstrations for the prompt (replaces the built-in ones).")
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Critic batch size.")
+_MAX_INPUT = flags.DEFINE_integer("max_input", None, "Token budget of a critic input (question + hypothesis); "
+                                  "default: the run's lengths.critic_input.")
 flags.mark_flags_as_required(["workdir", "input", "output"])
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _BATCH.value < 1:
+        raise app.UsageError(f"--batch_size={_BATCH.value}: must be >= 1")
+    if _MAX_INPUT.value is not None and _MAX_INPUT.value < 2:
+        raise app.UsageError(f"--max_input={_MAX_INPUT.value}: must be >= 2 tokens")
+    out_dir = os.path.dirname(os.path.abspath(_OUTPUT.value))
+    if not os.path.isdir(out_dir):
+        raise SystemExit(f"error: --output {_OUTPUT.value}: the folder {out_dir} does not exist; create it first")
     try:
+        task = refine.RunInfo.load(_WORKDIR.value).task()
         records = critic_tool.read_jsonl(_INPUT.value)  # fail on a bad record before loading the model
-        critic_tool.records_to_examples(records, refine.RunInfo.load(_WORKDIR.value).task(), _INPUT.value)
+        critic_tool.records_to_examples(records, task, _INPUT.value)
         demos = critic_tool.read_demonstrations(_DEMOS.value) if _DEMOS.value else None
-    except critic_tool.CriticInputError as e:
+    except (critic_tool.CriticInputError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}") from e
-    critic = refine.ModelCritic.load(_WORKDIR.value)
+    if _RENDER.value and demos is None and not critic_tool.prompt_format(task.name).demonstrations:
+        print(f"note: task {task.name!r} has no built-in demonstrations; the prompts are zero-shot (give some "
+              "with --demos=FILE.jsonl)")
+    critic = refine.ModelCritic.load(_WORKDIR.value, task)
     critic.model.batch_size = _BATCH.value
+    if _MAX_INPUT.value is not None:
+        critic.model.max_input = _MAX_INPUT.value
     n = critic_tool.run_tool(critic, critic.task, _INPUT.value, _OUTPUT.value, render=_RENDER.value,
                              demonstrations=demos)
     print(f"wrote feedback for {n} records to {_OUTPUT.value}")

@@ -17,10 +17,12 @@ import dataclasses
 import json
 import os
 import random
+import sys
 from typing import Any, Callable, Iterable, Sequence
 
 from refiner_jax import evaluate, refine
-from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, gold_fields_read, is_no_hint
+from refiner_jax.tasks.base import (DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, as_task_question,
+                                    gold_fields_read, is_no_hint)
 
 
 class CriticInputError(ValueError):
@@ -78,7 +80,8 @@ def records_to_examples(records: Sequence[dict], task: Task, source: str = "<inp
         if "y" in needed and not r.get("y"):
             raise CriticInputError(f"{source}, line {r.get('_line', i + 1)}: task {task.name!r}'s critic reads the "
                                    "gold answer; add it as \"y\" to every record")
-        examples.append(Example(uid=str(r.get("id", f"line-{r.get('_line', i + 1)}")), x=r["question"], z="",
+        examples.append(Example(uid=str(r.get("id", f"line-{r.get('_line', i + 1)}")),
+                                x=as_task_question(task, r["question"]), z="",
                                 y=r.get("y", "") if "y" in needed else ""))
     return examples
 
@@ -156,6 +159,9 @@ def prompt_format(task_name: str, demonstrations: Sequence[Demonstration] | None
 
 def read_demonstrations(path: str) -> list[Demonstration]:
     """Demonstrations from JSONL: {"question", "hypothesis", "feedback", "revision"} per line."""
+    if not os.path.isfile(path):
+        raise CriticInputError(f"{path}: demonstrations file not found; expected one JSON object per line with "
+                               "string fields question, hypothesis, feedback and revision")
     out = []
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
@@ -195,6 +201,9 @@ def annotate(records: Sequence[dict], critic: refine.Critic, task: Task, fmt: Pr
     """The records with the critic's "feedback" (and, with `fmt`, the refinement "prompt") added."""
     examples = records_to_examples(records, task, source)
     feedback = critic.feedback(examples, [r["hypothesis"] for r in records]) if records else []
+    if len(feedback) != len(records):
+        raise ValueError(f"the critic returned {len(feedback)} feedback texts for {len(records)} records; a critic "
+                         "must answer every hypothesis it is given, in order")
     out = []
     for r, f in zip(records, feedback):
         record = {k: v for k, v in r.items() if k != "_line"}
@@ -205,18 +214,43 @@ def annotate(records: Sequence[dict], critic: refine.Critic, task: Task, fmt: Pr
     return out
 
 
+def budget_warning(critic: refine.Critic, examples: Sequence[Example], hypotheses: Sequence[str]) -> str | None:
+    """A message when inputs of a trained critic exceed its token budget (their ends, the hypotheses, would be
+    cut), else None; critics without a budget never warn."""
+    measure = getattr(critic, "input_lengths", None)
+    if measure is None or not examples:
+        return None
+    lengths = measure(examples, hypotheses)
+    budget = critic.model.max_input
+    over = sum(n > budget for n in lengths)
+    if not over:
+        return None
+    return (f"warning: {over} of {len(lengths)} critic inputs (question + hypothesis) are longer than the critic's "
+            f"{budget}-token budget (up to {max(lengths)}) and would lose the end of their hypothesis; pass "
+            f"--max_input={max(lengths)} (the critic was trained on inputs of at most {budget} tokens)")
+
+
 def run_tool(critic: refine.Critic, task: Task, input_path: str, output_path: str, render: bool = False,
-             demonstrations: Sequence[Demonstration] | None = None, chunk_size: int = 1024) -> int:
+             demonstrations: Sequence[Demonstration] | None = None, chunk_size: int = 1024,
+             warn: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> int:
     """Reads `input_path` (all lines are checked first), writes the annotated records to `output_path` in chunks
-    of `chunk_size`; returns the number of records."""
+    of `chunk_size`; returns the number of records written. Inputs over a trained critic's token budget are
+    reported through `warn`."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     records = read_jsonl(input_path)
-    records_to_examples(records, task, input_path)  # every record is checked before the output file is touched
+    examples = records_to_examples(records, task, input_path)  # every record is checked before writing
+    message = budget_warning(critic, examples, [r["hypothesis"] for r in records])
+    if message:
+        warn(message)
     fmt = prompt_format(task.name, demonstrations) if render else None
+    written = 0
     with open(output_path, "w", encoding="utf-8") as f:
         for start in range(0, len(records), chunk_size):
             for record in annotate(records[start:start + chunk_size], critic, task, fmt, input_path):
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    return len(records)
+                written += 1
+    return written
 
 
 # ----------------------------------------------------------------------------------------------- interactive
@@ -287,6 +321,9 @@ def interactive_session(workdir: str, turns: int = 3, split: str = "test", use_c
     run = refine.RunInfo.load(workdir)
     task = run.task()
     _, generator, suggest = evaluate.load_run_models(run, task, batch_size=1, with_critic=use_critic)
+    if use_critic and suggest is None:
+        show(f"{os.path.join(workdir, 'critic', 'export')} not found: no critic suggestions (train the critic "
+             "stage to get them)")
     examples = task.load(split, run.config["task"].get("data_dir") or None)
     template = run.config.get("refiner", {}).get("template", DEFAULT_REFINE_TEMPLATE)
     return interactive_loop(task, generator, examples, suggest, turns, template, ask, show)
@@ -298,6 +335,11 @@ def interactive_loop(task: Task, generator, examples: Sequence[Example], suggest
     """Problem after problem until the person quits; returns the trajectories."""
     rng = random.Random(seed)
     out = []
-    while (example := choose_example(examples, ask, show, rng)) is not None:
-        out.append(interactive_refine(task, generator, example, suggest, turns, template, ask, show))
+    try:
+        while (example := choose_example(examples, ask, show, rng)) is not None:
+            if example.uid == "typed":  # spelled like the task's questions, as the models were trained on
+                example = dataclasses.replace(example, x=as_task_question(task, example.x))
+            out.append(interactive_refine(task, generator, example, suggest, turns, template, ask, show))
+    except EOFError:  # Ctrl-D ends the session like "q"
+        show("")
     return out

@@ -23,8 +23,8 @@ import numpy as np
 from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax import sampling
 from refiner_jax.models.t5 import PAD_ID, T5, T5Config, shift_right
-from refiner_jax.tasks.base import (DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, gold_fields_read, is_no_hint,
-                                    refine_input)
+from refiner_jax.tasks.base import (DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, as_task_question,
+                                    gold_fields_read, is_no_hint, refine_input)
 from refiner_jax.tokenizers import Tokenizer, load_tokenizer
 
 
@@ -134,6 +134,26 @@ class ModelCritic:
     prefer_no_hint: bool = True
 
     def feedback(self, examples: Sequence[Example | str], hypotheses: Sequence[str]) -> list[str]:
+        inputs = self._inputs(examples, hypotheses)
+        texts, greedy_lp = self.model.generate_with_log_probs(inputs)
+        out = [t[0] for t in texts]
+        if self.prefer_no_hint and out:
+            no_hint_lp = self.model.score(inputs, [NO_HINT] * len(inputs))
+            out = [NO_HINT if n >= g else f for f, g, n in zip(out, greedy_lp[:, 0], no_hint_lp)]
+        return out
+
+    def no_hint_log_probs(self, examples: Sequence[Example | str], hypotheses: Sequence[str]) -> np.ndarray:
+        """The critic's log-probability of answering "No hint" to each hypothesis, `[len(hypotheses)]`: a
+        confidence that the hypothesis is right (evaluation reports how well it ranks right above wrong)."""
+        inputs = self._inputs(examples, hypotheses)
+        return self.model.score(inputs, [NO_HINT] * len(inputs))
+
+    def input_lengths(self, examples: Sequence[Example | str], hypotheses: Sequence[str]) -> list[int]:
+        """Tokens of each critic input (end token included); those over `model.max_input` lose their end, where
+        the hypothesis is."""
+        return [len(self.model.tokenizer.encode(t)) for t in self._inputs(examples, hypotheses)]
+
+    def _inputs(self, examples: Sequence[Example | str], hypotheses: Sequence[str]) -> list[str]:
         if len(examples) != len(hypotheses):
             raise ValueError(f"{len(examples)} problems but {len(hypotheses)} hypotheses; give one hypothesis each")
         if any(isinstance(ex, str) for ex in examples):
@@ -141,15 +161,9 @@ class ModelCritic:
             if needed:
                 raise ValueError(f"task {self.task.name!r}'s critic reads the gold {sorted(needed)}, which a question "
                                  "string does not carry; pass Example objects")
-            examples = [Example(f"problem-{i}", ex, "", "") if isinstance(ex, str) else ex
-                        for i, ex in enumerate(examples)]
-        inputs = [self.task.critic_input(ex, h) for ex, h in zip(examples, hypotheses)]
-        texts, greedy_lp = self.model.generate_with_log_probs(inputs)
-        out = [t[0] for t in texts]
-        if self.prefer_no_hint and out:
-            no_hint_lp = self.model.score(inputs, [NO_HINT] * len(inputs))
-            out = [NO_HINT if n >= g else f for f, g, n in zip(out, greedy_lp[:, 0], no_hint_lp)]
-        return out
+            examples = [Example(f"problem-{i}", as_task_question(self.task, ex), "", "") if isinstance(ex, str)
+                        else ex for i, ex in enumerate(examples)]
+        return [self.task.critic_input(ex, h) for ex, h in zip(examples, hypotheses)]
 
     @classmethod
     def load(cls, workdir: str, task: Task | None = None) -> "ModelCritic":
@@ -194,18 +208,22 @@ class NoisyCritic:
 
 @dataclasses.dataclass
 class HumanCritic:
-    """A person at the terminal types the feedback; an empty line accepts the suggestion (if a critic gives one)."""
+    """A person at the terminal types the feedback; an empty line accepts the suggestion when a critic gives one,
+    and is asked again when none does."""
 
     suggest: Critic | None = None
     ask: Callable[[str], str] = input
     show: Callable[[str], None] = print
 
     def feedback(self, examples, hypotheses):
-        suggestions = self.suggest.feedback(examples, hypotheses) if self.suggest else [NO_HINT] * len(examples)
+        suggestions = self.suggest.feedback(examples, hypotheses) if self.suggest else [None] * len(examples)
         out = []
         for ex, h, s in zip(examples, hypotheses, suggestions):
-            self.show(f"\nProblem:    {ex.x}\nHypothesis: {h}\nSuggested:  {s}")
-            typed = self.ask("Feedback (Enter accepts the suggestion): ").strip()
+            self.show(f"\nProblem:    {ex.x}\nHypothesis: {h}" + (f"\nSuggested:  {s}" if s is not None else ""))
+            typed = self.ask("Feedback (Enter accepts the suggestion): " if s is not None else "Feedback: ").strip()
+            while not typed and s is None:
+                typed = self.ask(f'Feedback (there is no suggestion: type it, or "{NO_HINT}" to accept the '
+                                 "hypothesis): ").strip()
             out.append(typed or s)
         return out
 

@@ -2,6 +2,7 @@
 import json
 import re
 
+import numpy as np
 import pytest
 
 from refiner_jax import critic_tool, refine
@@ -116,6 +117,51 @@ def test_custom_demonstrations(tmp_path):
     _write(demos, [json.dumps({"question": "Q", "hypothesis": "H"})])
     with pytest.raises(critic_tool.CriticInputError, match="line 1: expected a JSON object with string fields"):
         critic_tool.read_demonstrations(str(demos))
+    with pytest.raises(critic_tool.CriticInputError, match="missing.jsonl: demonstrations file not found"):
+        critic_tool.read_demonstrations(str(tmp_path / "missing.jsonl"))
+
+
+def test_a_critic_that_skips_records_is_an_error(tmp_path, mwp):
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(src, [json.dumps({"question": f"q{i}", "hypothesis": "h"}) for i in range(3)])
+    one = refine.CallableCritic(lambda examples, hypotheses: [NO_HINT])
+    with pytest.raises(ValueError, match="returned 1 feedback texts for 3 records"):
+        critic_tool.run_tool(one, mwp, str(src), str(dst))
+    with pytest.raises(ValueError, match="chunk_size must be >= 1"):
+        critic_tool.run_tool(RecordingCritic(mwp), mwp, str(src), str(dst), chunk_size=0)
+
+
+def test_inputs_over_the_critic_budget_are_reported(tmp_path, mwp):
+    """A ModelCritic cuts inputs at its token budget, and the hypothesis comes last: the tool says how many records
+    would lose theirs and how long the longest is (one byte per token here, plus the end token)."""
+    from refiner_jax.tokenizers import ByteTokenizer
+
+    model = type("Model", (), {"tokenizer": ByteTokenizer(), "max_input": 20})()
+    critic = refine.ModelCritic(model, mwp)
+    examples = [Example("a", "q", "", ""), Example("b", "a longer question", "", "")]
+    hypotheses = ["#0: x", "#0: add ( number0, number1 )"]  # inputs of 1 + 1 + 5 + 1 and 17 + 1 + 28 + 1 tokens
+    assert critic.input_lengths(examples, hypotheses) == [8, 47]
+    assert critic_tool.budget_warning(critic, examples, hypotheses) == (
+        "warning: 1 of 2 critic inputs (question + hypothesis) are longer than the critic's 20-token budget (up "
+        "to 47) and would lose the end of their hypothesis; pass --max_input=47 (the critic was trained on inputs "
+        "of at most 20 tokens)")
+    model.max_input = 47
+    assert critic_tool.budget_warning(critic, examples, hypotheses) is None
+    assert critic_tool.budget_warning(RecordingCritic(mwp), examples, hypotheses) is None  # no budget to exceed
+
+
+def test_questions_from_outside_follow_the_task_casing(tmp_path, mwp):
+    """With MWP's `lowercase` option (the :svamp config) the models saw lower-case questions only, so records and
+    typed problems are lower-cased too; without it they pass unchanged."""
+    records = [{"question": "Tom has number0 Apples .", "hypothesis": "h", "_line": 1}]
+    lowered = get_task("mwp", lowercase=True)
+    assert critic_tool.records_to_examples(records, lowered)[0].x == "tom has number0 apples ."
+    assert critic_tool.records_to_examples(records, mwp)[0].x == "Tom has number0 Apples ."
+    seen = []
+    generator = type("G", (), {"greedy": lambda self, texts: seen.extend(texts) or ["h"] * len(texts)})()
+    critic_tool.interactive_loop(lowered, generator, [], None, turns=1,
+                                 ask=_scripted(["Ann Has 3 Pens", "ok", "q"]), show=lambda m: None)
+    assert seen == ["ann has 3 pens"]
 
 
 # ----------------------------------------------------------------------------------------------- interactive
@@ -186,7 +232,24 @@ def test_interactive_no_hint_typed_and_bad_index():
                                           ask=_scripted(answers), show=shown.append)
     assert traj.hypotheses == ["x"] and traj.feedback == [NO_HINT]
     assert "no problem 7: there are 1" in shown
-    assert "Suggested:  No hint" in "\n".join(shown)
+    assert "Suggested" not in "\n".join(shown)  # no critic, no suggestion
+
+
+def test_without_a_critic_enter_asks_again_and_ctrl_d_quits():
+    examples = [Example("0", "q0", "g0", "")]
+    prompts = []
+
+    def ask(prompt, answers=iter(["0", "", "", "Use g0."])):
+        prompts.append(prompt)
+        try:
+            return next(answers)
+        except StopIteration:
+            raise EOFError from None
+
+    [traj] = critic_tool.interactive_loop(ScoreTask(), FixingGenerator({"q0": "x"}), examples, None, turns=1,
+                                          ask=ask, show=lambda m: None)
+    assert traj.hypotheses == ["x", "g0"] and traj.feedback == ["Use g0."]  # the empty lines were asked again
+    assert prompts[1] == "Feedback: " and prompts[2].startswith("Feedback (there is no suggestion")
 
 
 def test_interactive_session_loads_a_run_directory(tmp_path, monkeypatch):
@@ -206,8 +269,9 @@ def test_interactive_session_loads_a_run_directory(tmp_path, monkeypatch):
     def fake_load(stage_dir, tokenizer, max_input, max_output, bucket=16, batch_size=64):
         loaded.append((stage_dir.rsplit("/", 1)[-1], max_input, max_output, bucket, batch_size))
         if stage_dir.endswith("critic"):
-            return type("Critic", (), {"greedy": lambda self, texts: [NO_HINT] * len(texts),
-                                       "score": lambda self, texts, targets: [0.0] * len(texts)})()
+            return type("Critic", (), {
+                "generate_with_log_probs": lambda self, texts: ([[NO_HINT]] * len(texts), np.zeros((len(texts), 1))),
+                "score": lambda self, texts, targets: [0.0] * len(texts)})()
         return FixingGenerator({ex.x: ex.z for ex in test})
 
     monkeypatch.setattr(refine, "load_text_model", fake_load)

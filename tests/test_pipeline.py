@@ -3,6 +3,7 @@ skip-finished-stages, resume of an interrupted stage, and the REFINER turn const
 example."""
 import json
 import os
+import re
 import shutil
 
 import jax
@@ -101,6 +102,21 @@ def test_missing_prerequisites_and_data_name_the_fix(tmp_path):
     c.task.options = {"synthetic_sizes": {"train": 7, "val": 4, "test": 4}}
     with pytest.raises(config_lib.ConfigError, match="config.critic.batch_size: 8 is more than the 7 training"):
         pipeline.run(c, str(tmp_path / "b"))
+
+
+def test_a_relative_data_dir_is_recorded_absolute(tmp_path, monkeypatch):
+    """Evaluation and the tools read the saved config from any directory, so the data folder is saved absolute;
+    a run recorded with a relative path still resumes from the directory it was started in."""
+    monkeypatch.chdir(tmp_path)
+    c = tiny_config()
+    c.task.data_dir = "svamp_csvs"  # relative, and missing
+    with pytest.raises(Exception, match=re.escape(str(tmp_path / "svamp_csvs"))):
+        pipeline.run(c, str(tmp_path / "run"))
+    assert c.task.data_dir == str(tmp_path / "svamp_csvs")
+    old = json.loads(c.to_json())
+    old["task"]["data_dir"] = "svamp_csvs"
+    (tmp_path / "run" / "config.json").write_text(json.dumps(old))
+    assert pipeline._check_workdir_config(str(tmp_path / "run"), c) is True
 
 
 def test_refiner_turns_follow_the_oracle(monkeypatch):

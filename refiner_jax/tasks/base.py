@@ -122,6 +122,12 @@ def is_no_hint(feedback: str) -> bool:
     return " ".join(feedback.split()).rstrip(".!").lower() == NO_HINT.lower()
 
 
+def as_task_question(task: "Task", text: str) -> str:
+    """A problem from outside the dataset (typed, or another system's) spelled like the task's own questions: lower
+    case when the task lower-cases its data (MWP's `lowercase` option), as the models were trained on."""
+    return text.lower() if getattr(task, "lowercase", False) else text
+
+
 def gold_fields_read(task: "Task") -> set[str]:
     """Which gold fields ("z", "y") `task.critic_input` puts into the critic's input (probed with marker values)."""
     markers = {"z": "\u2063gold-z\u2063", "y": "\u2063gold-y\u2063"}

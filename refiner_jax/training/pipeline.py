@@ -44,6 +44,8 @@ def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> bo
     new = json.loads(config.to_json())
     with open(path, encoding="utf-8") as f:
         old = json.load(f)
+    if old.get("task", {}).get("data_dir"):  # recorded relative by older runs: compare the folders themselves
+        old["task"]["data_dir"] = os.path.abspath(old["task"]["data_dir"])
     for section in _FROZEN_SECTIONS:
         if old.get(section) != new.get(section):
             raise config_lib.ConfigError(
@@ -126,6 +128,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
         if (name in stages and "warmup" not in stages and stage_done(workdir, name) is None
                 and stage_done(workdir, "warmup") is None):
             raise config_lib.ConfigError(f"{why}, so run the warmup stage first (--stages=warmup,{name},...)")
+    if config.task.data_dir:  # recorded absolute, so evaluation and the tools find the data from any directory
+        config.task.data_dir = os.path.abspath(os.path.expanduser(config.task.data_dir))
     os.makedirs(workdir, exist_ok=True)
     recorded = _check_workdir_config(workdir, config)
     task = get_task(config.task.name, **dict(config.task.options))
