@@ -295,9 +295,9 @@ def interactive_refine(task: Task, generator, example: Example, suggest: refine.
 
 
 def choose_example(examples: Sequence[Example], ask: Callable[[str], str], show: Callable[[str], None],
-                   rng: random.Random) -> Example | None:
+                   rng: random.Random, task: Task | None = None) -> Example | None:
     """Asks for a problem: an index into `examples`, Enter for a random one, any other text is the problem
-    itself (no gold), "q" quits (None)."""
+    itself (no gold; spelled like `task`'s questions, `as_task_question`), "q" quits (None)."""
     typed = ask(f"\nProblem: index 0-{len(examples) - 1}, Enter for a random one, or type a problem "
                 "(q quits): " if examples else "\nType a problem (q quits): ").strip()
     if typed.lower() in ("q", "quit", "exit"):
@@ -306,11 +306,11 @@ def choose_example(examples: Sequence[Example], ask: Callable[[str], str], show:
         index = rng.randrange(len(examples)) if not typed else int(typed)
         if index >= len(examples):
             show(f"no problem {index}: there are {len(examples)}")
-            return choose_example(examples, ask, show, rng)
+            return choose_example(examples, ask, show, rng, task)
         return examples[index]
     if not typed:
-        return choose_example(examples, ask, show, rng)
-    return Example(uid="typed", x=typed, z="", y="")
+        return choose_example(examples, ask, show, rng, task)
+    return Example(uid="typed", x=as_task_question(task, typed), z="", y="")
 
 
 def interactive_session(workdir: str, turns: int = 3, split: str = "test", use_critic: bool = True,
@@ -336,9 +336,7 @@ def interactive_loop(task: Task, generator, examples: Sequence[Example], suggest
     rng = random.Random(seed)
     out = []
     try:
-        while (example := choose_example(examples, ask, show, rng)) is not None:
-            if example.uid == "typed":  # spelled like the task's questions, as the models were trained on
-                example = dataclasses.replace(example, x=as_task_question(task, example.x))
+        while (example := choose_example(examples, ask, show, rng, task)) is not None:
             out.append(interactive_refine(task, generator, example, suggest, turns, template, ask, show))
     except EOFError:  # Ctrl-D ends the session like "q"
         show("")

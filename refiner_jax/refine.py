@@ -134,11 +134,10 @@ class ModelCritic:
     prefer_no_hint: bool = True
 
     def feedback(self, examples: Sequence[Example | str], hypotheses: Sequence[str]) -> list[str]:
-        inputs = self._inputs(examples, hypotheses)
-        texts, greedy_lp = self.model.generate_with_log_probs(inputs)
+        texts, greedy_lp = self.model.generate_with_log_probs(self._inputs(examples, hypotheses))
         out = [t[0] for t in texts]
         if self.prefer_no_hint and out:
-            no_hint_lp = self.model.score(inputs, [NO_HINT] * len(inputs))
+            no_hint_lp = self.no_hint_log_probs(examples, hypotheses)
             out = [NO_HINT if n >= g else f for f, g, n in zip(out, greedy_lp[:, 0], no_hint_lp)]
         return out
 

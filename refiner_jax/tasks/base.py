@@ -122,7 +122,7 @@ def is_no_hint(feedback: str) -> bool:
     return " ".join(feedback.split()).rstrip(".!").lower() == NO_HINT.lower()
 
 
-def as_task_question(task: "Task", text: str) -> str:
+def as_task_question(task: "Task | None", text: str) -> str:
     """A problem from outside the dataset (typed, or another system's) spelled like the task's own questions: lower
     case when the task lower-cases its data (MWP's `lowercase` option), as the models were trained on."""
     return text.lower() if getattr(task, "lowercase", False) else text
