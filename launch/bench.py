@@ -6,7 +6,8 @@
 Timings are wall-clock medians of interleaved runs (ours, theirs, ours, ...) after a warm-up, in one process;
 our compile time is reported separately. Not a test: numbers depend on the machine and its load. torch is held
 to `--torch-threads` (default 2) while XLA uses every core: compare on a machine with that many cores (the JSON
-records `cpu_cores`), or raise the flag to match.
+records `cpu_cores`), or raise the flag to match. `--torch-device cuda` runs transformers on the GPU, beside JAX on its
+default device; float32 products then use TF32 on both sides (JAX's default on recent NVIDIA GPUs).
 """
 from __future__ import annotations
 
@@ -21,6 +22,21 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SAMPLE_PRESETS = {"tiny": "t5-tiny", "t5-small": "t5-small"}
+
+
+def _torch_setup(torch, args):
+    """Thread count and device of the transformers side; on CUDA, TF32 products like JAX's default precision."""
+    torch.set_num_threads(args.torch_threads)
+    if args.torch_device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("--torch-device cuda: torch sees no CUDA device; use --torch-device cpu")
+        torch.set_float32_matmul_precision("high")
+    return torch.device(args.torch_device)
+
+
+def _torch_sync(torch, device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def _median_interleaved(fns: dict, repeats: int) -> dict:
@@ -54,7 +70,7 @@ def bench_sample(args) -> dict:
     from refiner_jax.models import hf
     from refiner_jax.models.t5 import T5, preset
 
-    torch.set_num_threads(args.torch_threads)
+    device = _torch_setup(torch, args)
     load_before = os.getloadavg()
     config = preset(SAMPLE_PRESETS[args.preset], dropout_rate=0.0)
     rng = np.random.default_rng(args.seed)
@@ -62,7 +78,7 @@ def bench_sample(args) -> dict:
     params = meta.unbox(T5(config).init(jax.random.key(args.seed), dummy, dummy)["params"])
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_t5(config, jax.device_get(params), tmp)
-        reference = transformers.T5ForConditionalGeneration.from_pretrained(tmp).eval()
+        reference = transformers.T5ForConditionalGeneration.from_pretrained(tmp).eval().to(device)
 
     scenarios = {
         "greedy": dict(batch=32, num_samples=1, temperature=0.0, top_p=1.0),
@@ -86,17 +102,19 @@ def bench_sample(args) -> dict:
             num_return_sequences=sc["num_samples"], top_k=0 if sc["temperature"] > 0 else None,
             top_p=sc["top_p"] if sc["temperature"] > 0 else None, temperature=sc["temperature"] or None,
             decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
-        input_ids = torch.from_numpy(prompts.astype(np.int64))
+        input_ids = torch.from_numpy(prompts.astype(np.int64)).to(device)
 
         def theirs():
             with torch.inference_mode():
-                return reference.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                                          generation_config=generation)
+                out = reference.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                         generation_config=generation)
+            _torch_sync(torch, device)
+            return out
 
         start = time.perf_counter()
         first = ours()
         first_call = time.perf_counter() - start
-        theirs_tokens = theirs()[:, 1:].numpy()
+        theirs_tokens = theirs()[:, 1:].cpu().numpy()
         med = _median_interleaved({"ours": ours, "transformers": theirs}, args.repeats)
         generated = sc["batch"] * sc["num_samples"] * new_tokens
         ours_tokens = np.asarray(first.tokens).reshape(-1, new_tokens)
@@ -116,8 +134,8 @@ def bench_sample(args) -> dict:
             entry["greedy_identical_rows"] = int(np.all(ours_tokens == theirs_tokens, axis=1).sum())
         results[name] = entry
     return {"benchmark": "sample", "preset": args.preset, "config": SAMPLE_PRESETS[args.preset],
-            "repeats": args.repeats, "torch_threads": args.torch_threads, "cpu_cores": os.cpu_count(),
-            "max_top_k": args.max_top_k, "jax_devices": str(jax.devices()),
+            "repeats": args.repeats, "torch_threads": args.torch_threads, "torch_device": args.torch_device,
+            "cpu_cores": os.cpu_count(), "max_top_k": args.max_top_k, "jax_devices": str(jax.devices()),
             # Other processes on the machine distort both timings (torch's thread pool the most): check these.
             "load_average_1min_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "results": results}
@@ -132,6 +150,7 @@ def _add_sample_parser(subparsers) -> None:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--max-top-k", type=int, default=64, help="static top-k bound of our sampler")
     p.add_argument("--torch-threads", type=int, default=2)
+    p.add_argument("--torch-device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=bench_sample)
 
@@ -156,7 +175,7 @@ def bench_train(args) -> dict:
     from refiner_jax.models.t5 import T5, preset
     from refiner_jax.training import create_train_state, make_optimizer, make_train_step, seq2seq_loss
 
-    torch.set_num_threads(args.torch_threads)
+    device = _torch_setup(torch, args)
     torch.manual_seed(args.seed)
     load_before = os.getloadavg()
     config = preset(TRAIN_PRESETS[args.preset], dropout_rate=0.1)
@@ -167,7 +186,7 @@ def bench_train(args) -> dict:
     state, shardings = create_train_state(lambda k: model.init(k, dummy, dummy)["params"], tx, mesh, seed=args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_t5(config, jax.device_get(state.params), tmp)
-        reference = transformers.T5ForConditionalGeneration.from_pretrained(tmp).train()
+        reference = transformers.T5ForConditionalGeneration.from_pretrained(tmp).train().to(device)
     torch_opt = torch.optim.AdamW(reference.parameters(), lr=1e-4, weight_decay=0.0)
     step = make_train_step(seq2seq_loss(model.apply), tx, mesh, shardings, schedule=schedule)
 
@@ -176,7 +195,8 @@ def bench_train(args) -> dict:
     targets = rng.integers(2, config.vocab_size, size=(args.batch, args.target_len), dtype=np.int32)
     targets[:, -1] = 1
     batch = sharding.make_global_batch({"inputs": inputs, "targets": targets}, mesh)
-    torch_inputs, torch_labels = torch.from_numpy(inputs.astype(np.int64)), torch.from_numpy(targets.astype(np.int64))
+    torch_inputs = torch.from_numpy(inputs.astype(np.int64)).to(device)
+    torch_labels = torch.from_numpy(targets.astype(np.int64)).to(device)
     holder = {"state": state}
 
     def ours():
@@ -200,8 +220,8 @@ def bench_train(args) -> dict:
     tokens = args.batch * (args.input_len + args.target_len)
     return {"benchmark": "train", "preset": args.preset, "config": TRAIN_PRESETS[args.preset],
             "batch": args.batch, "input_len": args.input_len, "target_len": args.target_len,
-            "repeats": args.repeats, "torch_threads": args.torch_threads, "cpu_cores": os.cpu_count(),
-            "jax_devices": str(jax.devices()),
+            "repeats": args.repeats, "torch_threads": args.torch_threads, "torch_device": args.torch_device,
+            "cpu_cores": os.cpu_count(), "jax_devices": str(jax.devices()),
             "ours_s_per_step": round(med["ours"], 4), "transformers_s_per_step": round(med["transformers"], 4),
             "ours_examples_per_s": round(args.batch / med["ours"], 2),
             "transformers_examples_per_s": round(args.batch / med["transformers"], 2),
@@ -221,6 +241,7 @@ def _add_train_parser(subparsers) -> None:
     p.add_argument("--target-len", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5, help="timed steps per implementation (median reported)")
     p.add_argument("--torch-threads", type=int, default=2)
+    p.add_argument("--torch-device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=bench_train)
 
