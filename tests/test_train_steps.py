@@ -60,6 +60,46 @@ def test_masked_cross_entropy_matches_numpy_with_pads_weights_and_zloss():
                                rtol=1e-5)
 
 
+def test_masked_cross_entropy_gradient_matches_analytic_formula():
+    # d/dlogits of sum_t w_t * (log_z_t - logit_t[target] + z * log_z_t**2) is
+    # w_t * ((1 + 2 z log_z_t) * softmax_t - onehot_t), worked out by hand and evaluated in float64.
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(2, 5, 13)).astype(np.float32) * 4
+    targets = rng.integers(1, 13, size=(2, 5))
+    targets[1, 3:] = 0
+    weights = (targets != 0) * rng.uniform(0.5, 2.0, size=targets.shape)
+    z = 1e-2
+    x = logits.astype(np.float64)
+    log_z = np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1)) + x.max(-1)
+    softmax = np.exp(x - log_z[..., None])
+    onehot = np.eye(13)[targets]
+    expected = weights[..., None] * ((1 + 2 * z * log_z)[..., None] * softmax - onehot)
+    grad = jax.grad(lambda l: masked_cross_entropy(l, jnp.asarray(targets), jnp.asarray(weights, jnp.float32),
+                                                   z_loss=z)[0])(jnp.asarray(logits))
+    np.testing.assert_allclose(np.asarray(grad, np.float64), expected, rtol=1e-5, atol=1e-7)
+    assert not np.any(np.asarray(grad)[1, 3:])  # pad positions get no gradient
+
+
+def test_masked_cross_entropy_gradient_is_zero_at_masked_nonfinite_positions():
+    logits = jnp.array([[[0.0, 1.0, 2.0], [jnp.nan, jnp.inf, -jnp.inf]]])
+    targets = jnp.array([[2, 0]])
+    grad = np.asarray(jax.grad(lambda l: masked_cross_entropy(l, targets)[0])(logits))
+    assert np.all(np.isfinite(grad)) and not np.any(grad[0, 1])
+    p = np.exp([0.0, 1.0, 2.0]) / np.exp([0.0, 1.0, 2.0]).sum()
+    np.testing.assert_allclose(grad[0, 0], p - np.array([0.0, 0.0, 1.0]), rtol=1e-6)
+
+
+def test_seq2seq_loss_accuracy_counts_targets_with_the_largest_logit():
+    from refiner_jax.training import seq2seq_loss
+
+    # A stand-in model whose logits are fixed: position 0 predicts token 2, position 1 token 1, position 2 is pad.
+    logits = jnp.array([[[0.0, 1.0, 5.0], [0.0, 3.0, 1.0], [9.0, 0.0, 0.0]]])
+    loss_fn = seq2seq_loss(lambda variables, inputs, decoder_inputs, **kw: logits)
+    batch = {"inputs": jnp.array([[5, 1]]), "targets": jnp.array([[2, 2, 0]])}
+    _, sums = loss_fn({}, batch, None)
+    assert float(sums["accuracy_sum"]) == 1.0 and float(sums["tokens"]) == 2.0
+
+
 def test_mean_metrics_divides_sums_by_tokens():
     out = mean_metrics({"loss_sum": jnp.float32(6.0), "accuracy_sum": jnp.float32(3.0), "tokens": jnp.float32(4.0)})
     assert {k: float(v) for k, v in out.items()} == {"loss": 1.5, "accuracy": 0.75, "tokens": 4.0}

@@ -45,12 +45,14 @@ def masked_cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Arr
     if weights is None:
         weights = targets != PAD_ID
     weights = weights.astype(jnp.float32)
+    # Zero-weight positions are replaced before any arithmetic, so that neither their loss nor their gradient
+    # (softmax times a zero cotangent would still be NaN for non-finite logits) reaches the sums.
+    logits = jnp.where((weights > 0)[..., None], logits, 0.0)
     log_z = jax.nn.logsumexp(logits, axis=-1)  # [batch, len]
     target_logit = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
     nll = log_z - target_logit
     if z_loss:
         nll = nll + z_loss * jnp.square(log_z)
-    nll = jnp.where(weights > 0, nll, 0.0)
     return jnp.sum(nll * weights), jnp.sum(weights)
 
 
