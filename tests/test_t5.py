@@ -108,8 +108,12 @@ def test_export_loads_in_transformers_and_round_trips_exactly(tmp_path, fields):
     assert np.abs(np.asarray(ours) - theirs).max() < 1e-4
 
 
-def test_cached_decode_step_equals_teacher_forcing():
-    config = preset("t5-tiny", dropout_rate=0.0)
+@pytest.mark.parametrize("untied", [False, True], ids=["v1.0-tied", "v1.1-untied"])
+@pytest.mark.parametrize("with_output_kernel", [False, True], ids=["own-head", "output-kernel"])
+def test_cached_decode_step_equals_teacher_forcing(untied, with_output_kernel):
+    """Step-by-step decoding with the cache == the teacher-forced forward pass, also when the sampler hands
+    `decode_step` the precomputed `output_kernel` (the tied embedding transposed, or v1.1's untied kernel)."""
+    config = T5Config(**dict(V11, dropout_rate=0.0)) if untied else preset("t5-tiny", dropout_rate=0.0)
     model = T5(config)
     enc, targets = _batch()
     enc = jnp.asarray(enc) % config.vocab_size
@@ -119,9 +123,10 @@ def test_cached_decode_step_equals_teacher_forcing():
     encoded = model.apply({"params": params}, enc, method=T5.encode)
     cross = model.apply({"params": params}, encoded, method=T5.cross_kv)
     cache = T5.init_cache(config, enc.shape[0], 16)
+    kernel = model.apply({"params": params}, method=T5.output_kernel) if with_output_kernel else None
     step = jax.jit(lambda *a: model.apply({"params": params}, *a, method=T5.decode_step))
     for i in range(dec_in.shape[1]):
-        step_logits, cache = step(dec_in[:, i], jnp.int32(i), cache, cross, enc > 0)
+        step_logits, cache = step(dec_in[:, i], jnp.int32(i), cache, cross, enc > 0, kernel)
         np.testing.assert_allclose(np.asarray(step_logits), np.asarray(full[:, i]), atol=2e-5, rtol=1e-5)
 
 

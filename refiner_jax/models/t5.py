@@ -5,7 +5,8 @@ Entry points (all pure `model.apply` methods):
   `encode`       encoder outputs;
   `decode`       teacher-forced decoder logits from encoder outputs;
   `cross_kv`     the cross-attention keys/values of every decoder layer, computed once per prompt;
-  `decode_step`  one decoder token with an explicit self-attention KV cache (`T5.init_cache`), for the sampler.
+  `decode_step`  one decoder token with an explicit self-attention KV cache (`T5.init_cache`), for the sampler;
+  `output_kernel` the output projection as a `[d_model, vocab]` matrix, computed once for a decode loop.
 
 T5 details that differ from a textbook Transformer (NOTE: each one matters for parity):
   * RMS norm without mean subtraction or bias, computed in float32;
@@ -480,23 +481,41 @@ class T5(nn.Module):
         `[batch, heads, enc_len, d_kv]`) of `encoded`, for `decode_step`."""
         return self.decoder.cross_kv(encoded)
 
-    def decode_step(self, tokens: Array, index: Array, cache: dict, cross_kv: tuple, encoder_mask: Array):
+    def decode_step(self, tokens: Array, index: Array, cache: dict, cross_kv: tuple, encoder_mask: Array,
+                    output_kernel: Array | None = None):
         """Logits `[batch, vocab]` for the token after `tokens` [batch] at position `index`, and the updated cache.
 
         `cache` comes from `T5.init_cache` (then from the previous step), `cross_kv` from `cross_kv`,
         `encoder_mask` [prompts, enc_len] is True at real (non-pad) prompt tokens. `cross_kv` and `encoder_mask` may
         cover `prompts` = batch / k prompts whose k samples are adjacent rows of `tokens`: the samples then share
-        one copy of their prompt's cross-attention keys/values instead of k.
+        one copy of their prompt's cross-attention keys/values instead of k. `output_kernel` (from `output_kernel`,
+        computed once before a decode loop) replaces the model's own output projection.
         """
         x = self._embed(tokens[:, None])
         h, cache = self.decoder.step(x, index, cache, cross_kv, encoder_mask)
-        return self._logits(h)[:, 0], cache
+        return self._logits(h, output_kernel)[:, 0], cache
 
-    def _logits(self, h: Array) -> Array:
+    def output_kernel(self) -> Array:
+        """The output projection as one `[d_model, vocab]` matrix: the tied embedding transposed (v1.0) or the
+        untied kernel (v1.1).
+
+        XLA:CPU's Eigen matmul multiplies by the embedding's `[vocab, d_model]` layout at about half the speed of
+        this one, and a transpose written next to the product is folded back into it; the sampler materialises
+        this copy once, outside its decode loop.
+        """
+        if self.config.tie_word_embeddings:
+            return self.token_embedder.astype(self.config.compute_dtype).T
+        return self.decoder.logits_dense.variables["params"]["kernel"].astype(self.config.compute_dtype)
+
+    def _logits(self, h: Array, output_kernel: Array | None = None) -> Array:
         cfg = self.config
         dt = cfg.compute_dtype
         if cfg.tie_word_embeddings:
-            logits = jnp.einsum("bld,vd->blv", h * (cfg.d_model ** -0.5), self.token_embedder.astype(dt))
+            h = h * (cfg.d_model ** -0.5)
+        if output_kernel is not None:
+            logits = h.astype(dt) @ output_kernel.astype(dt)
+        elif cfg.tie_word_embeddings:
+            logits = jnp.einsum("bld,vd->blv", h, self.token_embedder.astype(dt))
         else:
             logits = self.decoder.logits_dense(h)
         logits = logits.astype(jnp.float32)
