@@ -284,12 +284,13 @@ def _encode_t5(params, encoder_tokens, *, config):
     return model.apply({"params": params}, encoded, method=T5.cross_kv)
 
 
-def _decode_t5(params, cross_kv, encoder_mask, rng, temperature, top_k, top_p, min_new_tokens, *, config,
+def _decode_t5(params, cross_kv, encoder_tokens, rng, temperature, top_k, top_p, min_new_tokens, *, config,
                num_samples, max_new_tokens, max_top_k, eos_id, row_chunks):
     from refiner_jax.models.t5 import DECODER_START_ID, PAD_ID, T5
 
     model = T5(config)
     variables = {"params": params}
+    encoder_mask = encoder_tokens != PAD_ID  # [batch, enc_len], per prompt: a prompt's samples share it
     output_kernel = model.apply(variables, method=T5.output_kernel)  # [d_model, vocab], once, outside the loop
 
     def decode(args):
@@ -348,8 +349,9 @@ def auto_row_chunks(config, batch: int, enc_len: int, num_samples: int, max_new_
     with many distinct prompts, that state outgrows the caches and each step re-reads it from memory; decoding
     row groups whose weights + state fit `_CACHE_BUDGET` in turn keeps each group cache-resident for all its
     steps. Measured on 2 cores (1 MiB L2 each, 32 MiB L3), t5-tiny greedy, 32 prompts x 128 tokens -> 64: 4
-    groups of 8 take 0.77-0.92x the time of one batch of 32 (encoder included). Only on CPU, only with one sample per prompt (the
-    samples of a prompt share its cross-attention state already), and never below `_MIN_CHUNK_ROWS` rows.
+    groups of 8 take 0.77-0.92x the time of one batch of 32 (encoder included). Only on CPU, only with one sample
+    per prompt (the samples of a prompt share its cross-attention state already), and never below
+    `_MIN_CHUNK_ROWS` rows.
     """
     if (platform or jax.default_backend()) != "cpu" or num_samples != 1:
         return 1
@@ -375,8 +377,8 @@ def sample_t5(params, encoder_tokens, rng, *, config, max_new_tokens: int, num_s
     Each prompt is encoded once and its cross-attention keys/values computed once, then shared by its samples;
     the self-attention cache is preallocated for `max_new_tokens`. Two programs, the encoder and the decode loop,
     each compiled once per (config, batch, prompt length, num_samples, max_new_tokens, max_top_k, row_chunks):
-    temperature, top_k, top_p and min_new_tokens are traced (see `sample` for their meaning). Pad prompt lengths to a few buckets (`pad_to_bucket`) to keep compilations
-    bounded.
+    temperature, top_k, top_p and min_new_tokens are traced (see `sample` for their meaning). Pad prompt lengths to
+    a few buckets (`pad_to_bucket`) to keep compilations bounded.
 
     Args:
       params: the T5's unboxed parameters (passed to the compiled function as arguments, not baked in).
@@ -393,10 +395,8 @@ def sample_t5(params, encoder_tokens, rng, *, config, max_new_tokens: int, num_s
         row_chunks = auto_row_chunks(config, batch, enc_len, num_samples, max_new_tokens)
     if row_chunks < 1 or batch % row_chunks:
         raise ValueError(f"row_chunks={row_chunks} must be a positive divisor of the batch size {batch}")
-    from refiner_jax.models.t5 import PAD_ID
-
     decode = _decode_t5_cpu_jit() if jax.default_backend() == "cpu" else _decode_t5_jit
-    return decode(params, _encode_t5_jit(params, encoder_tokens, config=config), encoder_tokens != PAD_ID, rng,
+    return decode(params, _encode_t5_jit(params, encoder_tokens, config=config), encoder_tokens, rng,
                   jnp.asarray(temperature, jnp.float32), jnp.asarray(top_k, jnp.int32),
                   jnp.asarray(top_p, jnp.float32), jnp.asarray(min_new_tokens, jnp.int32), config=config,
                   num_samples=num_samples, max_new_tokens=max_new_tokens, max_top_k=max_top_k, eos_id=eos_id,

@@ -296,22 +296,24 @@ def test_t5_samples_differ_are_deterministic_and_knobs_do_not_recompile(params):
             compiles.append(event)
 
     jax.monitoring.register_event_duration_secs_listener(on_event)
-    a = sampling.sample_t5(params, PROMPTS, jax.random.key(1), temperature=1.0, top_p=0.95, **kwargs)
-    assert compiles  # the listener sees compilations (a first call with these shapes compiles)
-    compiles.clear()
-    b = sampling.sample_t5(params, PROMPTS, jax.random.key(1), temperature=1.0, top_p=0.95, **kwargs)
-    c = sampling.sample_t5(params, PROMPTS, jax.random.key(2), temperature=1.0, top_p=0.95, **kwargs)
+    try:
+        a = sampling.sample_t5(params, PROMPTS, jax.random.key(1), temperature=1.0, top_p=0.95, **kwargs)
+        assert compiles  # the listener sees compilations (a first call with these shapes compiles)
+        compiles.clear()
+        b = sampling.sample_t5(params, PROMPTS, jax.random.key(1), temperature=1.0, top_p=0.95, **kwargs)
+        c = sampling.sample_t5(params, PROMPTS, jax.random.key(2), temperature=1.0, top_p=0.95, **kwargs)
+        for knobs in (dict(temperature=0.7, top_p=0.5), dict(temperature=1.3, top_k=5), dict(temperature=0.0),
+                      dict(temperature=0.9, top_k=3, top_p=0.8, min_new_tokens=4)):
+            sampling.sample_t5(params, PROMPTS, jax.random.key(3), **knobs, **kwargs)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_event)
+    assert compiles == []  # no XLA compilation after the first call
     assert a.tokens.shape == (4, 4, MAX_NEW) and a.log_prob.shape == (4, 4)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(x, y)
     assert not np.array_equal(a.tokens, c.tokens)
     for prompt in np.asarray(a.tokens):  # the K samples of each prompt are not all the same
         assert len({tuple(s) for s in prompt}) > 1
-    for knobs in (dict(temperature=0.7, top_p=0.5), dict(temperature=1.3, top_k=5), dict(temperature=0.0),
-                  dict(temperature=0.9, top_k=3, top_p=0.8, min_new_tokens=4)):
-        sampling.sample_t5(params, PROMPTS, jax.random.key(3), **knobs, **kwargs)
-    jax.monitoring.unregister_event_duration_listener(on_event)
-    assert compiles == []  # no XLA compilation after the first call
 
 
 def test_t5_row_chunks_leave_greedy_outputs_unchanged(params, greedy):
