@@ -80,6 +80,44 @@ def test_relative_position_buckets_match_reference(bidirectional):
 
 
 @pytest.mark.parametrize("fields", [V10, V11], ids=["t5-v1.0", "t5-v1.1"])
+def test_loss_gradients_match_transformers(tmp_path, fields):
+    # Every parameter's gradient of the mean token cross-entropy (padding in prompts and targets) against
+    # transformers' backward pass; this covers the relative-position bias, the tied/untied output layer and the
+    # loss's hand-written gradient.
+    from refiner_jax.training import seq2seq_loss
+
+    ref = _torch_t5(fields, seed=1)
+    ref.save_pretrained(tmp_path)
+    config, params = hf.load_t5(tmp_path)
+    enc, targets = _batch()
+    loss_fn = seq2seq_loss(T5(config).apply)
+
+    def mean_loss(p):
+        loss_sum, sums = loss_fn(p, {"inputs": jnp.asarray(enc), "targets": jnp.asarray(targets)}, None)
+        return loss_sum / sums["tokens"]
+
+    loss, grads = jax.value_and_grad(mean_loss)(params)
+    ours = hf.state_dict_from_params(config, grads)
+    enc_t = torch.tensor(enc, dtype=torch.long)
+    labels = torch.tensor(np.where(targets > 0, targets, -100), dtype=torch.long)
+    ref_loss = ref(input_ids=enc_t, attention_mask=(enc_t > 0).long(),
+                   decoder_input_ids=torch.tensor(np.asarray(shift_right(jnp.asarray(targets))), dtype=torch.long),
+                   labels=labels).loss
+    ref_loss.backward()
+    assert float(loss) == pytest.approx(ref_loss.item(), rel=1e-5)
+    theirs = {name: p.grad.numpy() for name, p in ref.named_parameters()}
+    if "lm_head.weight" in ours and ref.lm_head.weight is ref.shared.weight:
+        # transformers 5 shares one tensor between T5's embedding and output layer even for v1.1 (which only skips
+        # the output scaling), so its gradient is the sum of our two.
+        ours["shared.weight"] = ours["shared.weight"] + ours.pop("lm_head.weight")
+    assert set(theirs) <= set(ours)
+    for name, grad in theirs.items():
+        scale = np.abs(grad).max()
+        assert scale > 0, name
+        np.testing.assert_allclose(ours[name], grad, rtol=1e-4, atol=1e-5 * scale, err_msg=name)
+
+
+@pytest.mark.parametrize("fields", [V10, V11], ids=["t5-v1.0", "t5-v1.1"])
 def test_export_loads_in_transformers_and_round_trips_exactly(tmp_path, fields):
     config = T5Config(**fields)
     params = meta.unbox(T5(config).init(jax.random.key(3), jnp.ones((1, 4), jnp.int32),
