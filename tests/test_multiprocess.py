@@ -1,5 +1,5 @@
 """A whole REFINER run split over two processes (2 virtual CPU devices each, gloo collectives) against the same
-run in one process on the same 4-device mesh: same parameters after every stage, same metrics and results, and
+run in one process on the same 4-device mesh: same parameters after every stage (to 1e-6), same metrics (floats to 1e-6) and results, and
 the run's files written once."""
 import json
 import os
@@ -9,6 +9,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 from refiner_jax import checkpoint as ckpt_lib
 
@@ -53,8 +54,13 @@ def test_two_processes_train_like_one(tmp_path):
         b, _ = ckpt_lib.load_params(two / stage / "export")
         jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=1e-6), a, b)
         assert json.loads((one / stage / "DONE").read_text()) == json.loads((two / stage / "DONE").read_text())
-    # Throughput aside, the logs agree line for line: every step's loss and every evaluation, logged once.
-    assert _metrics(two) == _metrics(one)
+    # Throughput aside, the logs agree line for line: every step's loss and every evaluation, logged once. Floats
+    # agree to 1e-6: the cross-process collectives may add a sharded product's partial sums in another order.
+    got, want = _metrics(two), _metrics(one)
+    assert [{k: v for k, v in r.items() if isinstance(v, str)} for r in got] == \
+        [{k: v for k, v in r.items() if isinstance(v, str)} for r in want]
+    assert [{k: v for k, v in r.items() if not isinstance(v, str)} for r in got] == \
+        [pytest.approx({k: v for k, v in r.items() if not isinstance(v, str)}, rel=1e-6, abs=1e-7) for r in want]
     assert len((two / "timings.json").read_text().splitlines()) == 1
     rows = lambda d: json.loads((d / "results.json").read_text())["rows"]  # noqa: E731
     assert rows(two) == rows(one)
