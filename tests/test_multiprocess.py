@@ -1,6 +1,6 @@
 """A whole REFINER run split over two processes (2 virtual CPU devices each, gloo collectives) against the same
-run in one process on the same 4-device mesh: same parameters after every stage (to 1e-6), same metrics (floats to 1e-6) and results, and
-the run's files written once."""
+run in one process on the same 4-device mesh: same parameters after every stage (to 1e-6), same metrics (floats
+to 1e-6) and results, and the run's files written once."""
 import json
 import os
 import socket

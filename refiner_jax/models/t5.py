@@ -271,12 +271,7 @@ class Attention(nn.Module):
         Heads before length: the decode cache is written one position at a time and read whole every step, and
         this layout lets XLA read it without a transpose.
         """
-        cfg = self.config
-        dt = cfg.compute_dtype
-        b, length, d = x.shape
-        x = x.astype(dt)
-        k, v = (_dense(x, kernel.astype(dt).reshape(d, -1)).reshape(b, length, cfg.num_heads, cfg.d_kv)
-                .transpose(0, 2, 1, 3) for kernel in (self.key, self.value))
+        k, v = (y.transpose(0, 2, 1, 3) for y in self.project(x, "key", "value"))
         names = ("batch", "activation_heads", "activation_length", "activation_kv")
         return nn.with_logical_constraint(k, names), nn.with_logical_constraint(v, names)
 
@@ -287,8 +282,8 @@ class Attention(nn.Module):
         """
         cfg = self.config
         dt = cfg.compute_dtype
-        b, q_len, d = x.shape
-        q = _dense(x.astype(dt), self.query.astype(dt).reshape(d, -1)).reshape(b, q_len, cfg.num_heads, cfg.d_kv)
+        b, q_len = x.shape[:2]
+        (q,) = self.project(x, "query")
         q = nn.with_logical_constraint(q, ("batch", "activation_length", "activation_heads", "activation_kv"))
         logits = jnp.einsum("bqhd,bhkd->bhqk", q, k).astype(jnp.float32) + bias  # [batch, heads, q, k]
         weights = jax.nn.softmax(logits, axis=-1).astype(dt)
@@ -299,7 +294,7 @@ class Attention(nn.Module):
 
     def project(self, x: Array, *names: str) -> tuple[Array, ...]:
         """`x` [batch, len, d_model] through the named `[d_model, heads, d_kv]` kernels ('query', 'key', 'value')
-        -> one `[batch, len, heads, d_kv]` per name, computed as a single row-major 2-D matmul.
+        -> one `[batch, len, heads, d_kv]` per name, computed as a single row-major 2-D matmul (`_dense`).
 
         In the decode loop, einsums to heads-major layouts made XLA:CPU copy a transposed kernel (and `x`) on every
         step; a row-major 2-D product reads both as stored. The kernels' concatenation is loop-invariant, so XLA
@@ -309,7 +304,7 @@ class Attention(nn.Module):
         dt = cfg.compute_dtype
         b, length, d = x.shape
         kernel = jnp.concatenate([getattr(self, name).astype(dt).reshape(d, -1) for name in names], axis=1)
-        y = x.astype(dt).reshape(b * length, d) @ kernel  # [batch * len, len(names) * heads * d_kv]
+        y = _dense(x.astype(dt).reshape(b * length, d), kernel)  # [batch * len, len(names) * heads * d_kv]
         return tuple(part.reshape(b, length, cfg.num_heads, cfg.d_kv) for part in jnp.split(y, len(names), axis=1))
 
     def project_kv_decode(self, x: Array) -> tuple[Array, Array]:
