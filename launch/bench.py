@@ -8,6 +8,10 @@ our compile time is reported separately. Not a test: numbers depend on the machi
 to `--torch-threads` (default 2) while XLA uses every core: compare on a machine with that many cores (the JSON
 records `cpu_cores`), or raise the flag to match. `--torch-device cuda` runs transformers on the GPU, beside JAX on its
 default device; float32 products then use TF32 on both sides (JAX's default on recent NVIDIA GPUs).
+
+`sample` splits the prompts over every JAX device (`sample_t5(..., mesh=...)`, one decode loop per device). On a CPU,
+`--host-devices` (default: one per core) exposes the cores as that many XLA host devices before JAX starts, so the
+loops run in parallel; `--host-devices 1` measures the sampler on one device.
 """
 from __future__ import annotations
 
@@ -52,19 +56,29 @@ def _median_interleaved(fns: dict, repeats: int) -> dict:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def _expose_host_devices(count: int) -> None:
+    """Before JAX starts: make XLA:CPU expose `count` host devices (an XLA_FLAGS setting already made wins)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if count > 1 and "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+
+
 def bench_sample(args) -> dict:
     """Batch sampling throughput of `refiner_jax.sampling.sample_t5` vs `T5ForConditionalGeneration.generate`.
 
     Scenarios: greedy (batch 32, 128 prompt tokens, exactly 64 new tokens) and top-p 0.5 (8 prompts x 8 samples,
     64 new tokens); EOS is suppressed in both implementations (min_new_tokens = max_new_tokens) so both generate
-    the same number of tokens. Same architecture and weights (ours, exported with `models.hf.save_t5`).
+    the same number of tokens. Same architecture and weights (ours, exported with `models.hf.save_t5`). Ours splits
+    the prompts over all JAX devices when they divide the batch.
     """
+    _expose_host_devices(args.host_devices)
     import jax
     import jax.numpy as jnp
     import numpy as np
     import torch
     import transformers
     from flax.linen import meta
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
     from refiner_jax import sampling
     from refiner_jax.models import hf
@@ -79,6 +93,9 @@ def bench_sample(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_t5(config, jax.device_get(params), tmp)
         reference = transformers.T5ForConditionalGeneration.from_pretrained(tmp).eval().to(device)
+    devices = jax.devices()
+    mesh = jax.make_mesh((len(devices),), ("data",), axis_types=(AxisType.Auto,), devices=devices)
+    params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))  # replicated once, not per call
 
     scenarios = {
         "greedy": dict(batch=32, num_samples=1, temperature=0.0, top_p=1.0),
@@ -90,9 +107,10 @@ def bench_sample(args) -> dict:
         sc = scenarios[name]
         prompts = rng.integers(2, config.vocab_size, size=(sc["batch"], args.prompt_len), dtype=np.int32)
         key = jax.random.key(args.seed)
+        split = len(devices) > 1 and sc["batch"] % len(devices) == 0
         knobs = dict(config=config, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                      num_samples=sc["num_samples"], temperature=sc["temperature"], top_p=sc["top_p"],
-                     max_top_k=args.max_top_k)
+                     max_top_k=args.max_top_k, mesh=mesh if split else None)
 
         def ours():
             return jax.block_until_ready(sampling.sample_t5(params, prompts, key, **knobs))
@@ -121,6 +139,7 @@ def bench_sample(args) -> dict:
         entry = {
             "batch": sc["batch"], "num_samples": sc["num_samples"], "prompt_len": args.prompt_len,
             "new_tokens": new_tokens, "temperature": sc["temperature"], "top_p": sc["top_p"],
+            "ours_devices": len(devices) if split else 1,
             "ours_s": round(med["ours"], 4), "transformers_s": round(med["transformers"], 4),
             "ours_tokens_per_s": round(generated / med["ours"], 1),
             "transformers_tokens_per_s": round(generated / med["transformers"], 1),
@@ -151,6 +170,8 @@ def _add_sample_parser(subparsers) -> None:
     p.add_argument("--max-top-k", type=int, default=64, help="static top-k bound of our sampler")
     p.add_argument("--torch-threads", type=int, default=2)
     p.add_argument("--torch-device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--host-devices", type=int, default=os.cpu_count() or 1,
+                   help="XLA:CPU host devices to split our sampling over (default: one per core)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=bench_sample)
 

@@ -19,6 +19,7 @@ if __name__ == "__main__":
     sys.path.insert(0, REPO)
 
 import jax  # noqa: E402
+from _devices import run_report  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from refiner_jax.checkpoint import Checkpointer, export_params, load_params  # noqa: E402
@@ -189,11 +190,7 @@ def _multi_device_report(workdir: str) -> dict:
 
 
 def test_restore_onto_a_different_mesh(tmp_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), str(tmp_path / "ckpt")], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = run_report(__file__, 8, str(tmp_path / "ckpt"))
     # Saved on fsdp=8; restored bit-identically onto (data=2, fsdp=2, tensor=2) and onto one device.
     assert report["dp2_fsdp2_tp2"]["identical"] and report["dp2_fsdp2_tp2"]["shardings_as_target"]
     assert report["dp2_fsdp2_tp2"]["embedder_spec"] == str(jax.P("tensor", "fsdp"))

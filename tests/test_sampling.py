@@ -1,11 +1,13 @@
 """The batch sampler against hand-worked stub models, sort-based reference distributions, a cache-free greedy
 loop over the teacher-forced T5, and transformers' PyTorch `generate` on the same weights."""
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _devices import run_report
 from flax.linen import meta
 
 from refiner_jax import sampling
@@ -194,8 +196,7 @@ PROMPTS = np.array([[5, 9, 17, 33, 2, 41, 7, 1, 0, 0, 0, 0],
 MAX_NEW = 10
 
 
-@pytest.fixture(scope="module")
-def params():
+def _make_params():
     """Random weights of the right shapes, built on the host (no init compilation). Kernels are 3x the usual
     1/sqrt(fan_in) scale so that greedy output is not one repeated token, and the EOS embedding is doubled so that
     some rows end early."""
@@ -212,6 +213,11 @@ def params():
     params = jax.tree_util.tree_map_with_path(fill, shapes)
     params["token_embedder"] = params["token_embedder"].at[1].multiply(2.0)
     return params
+
+
+@pytest.fixture(scope="module")
+def params():
+    return _make_params()
 
 
 @pytest.fixture(scope="module")
@@ -332,6 +338,57 @@ def test_t5_row_chunks_leave_greedy_outputs_unchanged(params, greedy):
         sampling.sample_t5(params, PROMPTS, jax.random.key(0), config=CONFIG, max_new_tokens=MAX_NEW, row_chunks=3)
 
 
+def _mesh_report() -> dict:
+    """Run in a subprocess with 4 virtual CPU devices: `sample_t5` split over a mesh against unsplit calls."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    assert jax.device_count() == 4, jax.devices()
+    params = _make_params()
+    prompts = np.concatenate([PROMPTS, PROMPTS[::-1]])  # 8 prompts: 2 per device
+    mesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    kwargs = dict(config=CONFIG, max_new_tokens=MAX_NEW)
+    report = {}
+    greedy = sampling.sample_t5(params, prompts, jax.random.key(0), temperature=0.0, **kwargs)
+    split = sampling.sample_t5(jax.device_put(params, NamedSharding(mesh, P())), prompts, jax.random.key(0),
+                               temperature=0.0, mesh=mesh, **kwargs)
+    report["greedy_equal"] = bool(np.array_equal(greedy.tokens, split.tokens)
+                                  and np.array_equal(greedy.lengths, split.lengths))
+    # Products over 2 rows instead of 8 may round differently: compared relative to the log-prob's size.
+    expected = np.asarray(greedy.token_log_probs)
+    report["greedy_log_prob_diff"] = float((np.abs(expected - np.asarray(split.token_log_probs))
+                                            / (1.0 + np.abs(expected))).max())
+    report["tokens_spec"] = str(split.tokens.sharding.spec)
+    report["rows_per_shard"] = sorted({s.data.shape[0] for s in split.tokens.addressable_shards})
+    sampled = dict(temperature=1.0, top_p=0.9, num_samples=3, **kwargs)
+    a = sampling.sample_t5(params, prompts, jax.random.key(7), mesh=mesh, **sampled)
+    b = sampling.sample_t5(params, prompts, jax.random.key(7), mesh=mesh, **sampled)
+    report["sampled_repeat_equal"] = bool(np.array_equal(a.tokens, b.tokens))
+    # Device i (row-major over the mesh) samples its two prompts as an unsplit call with key fold_in(key, i).
+    report["sampled_per_device_equal"] = [
+        bool(np.array_equal(np.asarray(a.tokens)[2 * i:2 * i + 2], sampling.sample_t5(
+            params, prompts[2 * i:2 * i + 2], jax.random.fold_in(jax.random.key(7), i), **sampled).tokens))
+        for i in range(4)]
+    with pytest.raises(ValueError) as error:
+        sampling.sample_t5(params, prompts[:6], jax.random.key(0), mesh=mesh, **kwargs)
+    report["bad_batch_error"] = str(error.value)
+    return report
+
+
+@pytest.fixture(scope="module")
+def mesh_report():
+    return run_report(__file__, 4)
+
+
+def test_t5_split_over_a_mesh_equals_unsplit_calls_per_device(mesh_report):
+    """Each device of a 2 x 2 mesh decodes its slice of the prompts alone: greedy tokens are those of one device,
+    sampled rows those of an unsplit call on the slice with the device's folded key."""
+    r = mesh_report
+    assert r["greedy_equal"] and r["greedy_log_prob_diff"] < 5e-5, r
+    assert r["tokens_spec"] == "P(('a', 'b'),)" and r["rows_per_shard"] == [2], r
+    assert r["sampled_repeat_equal"] and r["sampled_per_device_equal"] == [True] * 4, r
+    assert r["bad_batch_error"].startswith("batch size 6 must divide by the mesh's 4 devices"), r
+
+
 def test_auto_row_chunks_only_splits_large_decode_state_of_small_models_on_cpu():
     from refiner_jax.models.t5 import preset
 
@@ -354,3 +411,7 @@ def test_bucket_sizes():
         sampling.bucket_size(65, (16, 64))
     np.testing.assert_array_equal(sampling.pad_to_bucket(np.ones((3, 5)), axis=0, minimum=4),
                                   np.concatenate([np.ones((3, 5)), np.zeros((1, 5))]))
+
+
+if __name__ == "__main__":
+    print(json.dumps(_mesh_report()))

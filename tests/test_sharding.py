@@ -5,7 +5,6 @@ report; they only trace (``eval_shape``) and place small arrays, so they need no
 """
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -15,6 +14,7 @@ if __name__ == "__main__":
     sys.path.insert(0, REPO)
 
 import jax  # noqa: E402
+from _devices import run_report  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import AbstractMesh, PartitionSpec as P  # noqa: E402
 
@@ -164,11 +164,7 @@ def _multi_device_report() -> dict:
 
 @pytest.fixture(scope="module")
 def report():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_report(__file__, 8)
 
 
 def test_mesh_is_auto_typed_with_filled_axis(report):

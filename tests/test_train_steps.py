@@ -7,7 +7,6 @@ differences that the tests below assert on.
 import json
 import math
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -18,6 +17,7 @@ if __name__ == "__main__":
     sys.path.insert(0, REPO)
 
 import jax  # noqa: E402
+from _devices import run_report  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
@@ -288,12 +288,7 @@ def _multi_device_report() -> dict:
 
 @pytest.fixture(scope="module")
 def report():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               JAX_DISABLE_MOST_OPTIMIZATIONS="1", PYTHONPATH=REPO)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_report(__file__, 8, timeout=600, JAX_DISABLE_MOST_OPTIMIZATIONS="1")
 
 
 def test_born_sharded_init_equals_single_device_init(report):
