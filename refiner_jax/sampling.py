@@ -428,7 +428,7 @@ def sample_t5(params, encoder_tokens, rng, *, config, max_new_tokens: int, num_s
         call on its slice with key `fold_in(rng, i)`. On a CPU, host devices (`XLA_FLAGS=
         --xla_force_host_platform_device_count=<cores>`, set before JAX starts) run their loops in parallel: a
         decode step of a small model is many small operations, and two loops keep two cores busy where one splits
-        each operation (t5-tiny on 2 cores: 1.5-1.7x the tokens/s of one device, t5-small greedy 1.1x).
+        each operation (t5-tiny on 2 cores: 1.5-1.9x the tokens/s of one device, t5-small greedy 1.1-1.2x).
     """
     _check_top_k(top_k, max_top_k)
     encoder_tokens = jnp.asarray(encoder_tokens, jnp.int32)
