@@ -361,7 +361,16 @@ def _mesh_report() -> dict:
     report["rows_per_shard"] = sorted({s.data.shape[0] for s in split.tokens.addressable_shards})
     sampled = dict(temperature=1.0, top_p=0.9, num_samples=3, **kwargs)
     a = sampling.sample_t5(params, prompts, jax.random.key(7), mesh=mesh, **sampled)
-    b = sampling.sample_t5(params, prompts, jax.random.key(7), mesh=mesh, **sampled)
+    compiles = []
+    listener = lambda event, _duration, **_: compiles.append(event) if event.endswith("backend_compile_duration") \
+        else None
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        b = sampling.sample_t5(params, prompts, jax.random.key(7), mesh=mesh, **sampled)
+        sampling.sample_t5(params, prompts, jax.random.key(8), mesh=mesh, **dict(sampled, temperature=0.7, top_p=0.5))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    report["recompiles"] = len(compiles)
     report["sampled_repeat_equal"] = bool(np.array_equal(a.tokens, b.tokens))
     # Device i (row-major over the mesh) samples its two prompts as an unsplit call with key fold_in(key, i).
     report["sampled_per_device_equal"] = [
@@ -386,6 +395,7 @@ def test_t5_split_over_a_mesh_equals_unsplit_calls_per_device(mesh_report):
     assert r["greedy_equal"] and r["greedy_log_prob_diff"] < 5e-5, r
     assert r["tokens_spec"] == "P(('a', 'b'),)" and r["rows_per_shard"] == [2], r
     assert r["sampled_repeat_equal"] and r["sampled_per_device_equal"] == [True] * 4, r
+    assert r["recompiles"] == 0, r  # new key, temperature and top_p: the split programs are reused
     assert r["bad_batch_error"].startswith("batch size 6 must divide by the mesh's 4 devices"), r
 
 
