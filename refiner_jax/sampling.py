@@ -325,7 +325,6 @@ def _decode_t5(params, cross_kv, encoder_tokens, rng, temperature, top_k, top_p,
 _CPU_DECODE_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
 _DECODE_STATIC = ("config", "num_samples", "max_new_tokens", "max_top_k", "eos_id", "row_chunks")
 _encode_t5_jit = jax.jit(_encode_t5, static_argnames=("config",))
-_decode_t5_jit = jax.jit(_decode_t5, static_argnames=_DECODE_STATIC)
 
 
 @functools.cache
@@ -341,9 +340,9 @@ def _decode_options(platform: str) -> dict | None:
 
 
 @functools.cache
-def _decode_t5_cpu_jit():
-    """`_decode_t5` compiled with `_decode_options("cpu")`."""
-    return jax.jit(_decode_t5, static_argnames=_DECODE_STATIC, compiler_options=_decode_options("cpu"))
+def _decode_t5_jit(platform: str):
+    """`_decode_t5` compiled with `_decode_options(platform)`."""
+    return jax.jit(_decode_t5, static_argnames=_DECODE_STATIC, compiler_options=_decode_options(platform))
 
 
 @functools.cache
@@ -448,9 +447,8 @@ def sample_t5(params, encoder_tokens, rng, *, config, max_new_tokens: int, num_s
     static = dict(config=config, num_samples=num_samples, max_new_tokens=max_new_tokens, max_top_k=max_top_k,
                   eos_id=eos_id, row_chunks=row_chunks)
     if devices == 1:
-        decode = _decode_t5_cpu_jit() if platform == "cpu" else _decode_t5_jit
-        return decode(params, _encode_t5_jit(params, encoder_tokens, config=config), encoder_tokens, rng, *knobs,
-                      **static)
+        cross_kv = _encode_t5_jit(params, encoder_tokens, config=config)
+        return _decode_t5_jit(platform)(params, cross_kv, encoder_tokens, rng, *knobs, **static)
     params = jax.device_put(params, NamedSharding(mesh, P()))
     encoder_tokens = jax.device_put(encoder_tokens, NamedSharding(mesh, P(mesh.axis_names)))
     cross_kv = _encode_t5_split(mesh, config)(params, encoder_tokens)
