@@ -1,0 +1,101 @@
+"""`refiner_jax.cpu`: when the launchers restart with glibc's huge pages for malloc, and what the restart changes.
+
+The behaviour check runs a script in a subprocess, as the launchers run: it restarts itself, then counts the page
+faults of a jitted function whose temporary buffer glibc maps afresh on every call.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from refiner_jax import cpu
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def linux_glibc_thp(monkeypatch, tmp_path):
+    """A Linux host with glibc 2.36 and transparent huge pages in `madvise` mode; returns the THP setting file."""
+    setting = tmp_path / "enabled"
+    setting.write_text("always [madvise] never\n")
+    monkeypatch.setattr(cpu, "THP_SETTING", str(setting))
+    monkeypatch.setattr(cpu.sys, "platform", "linux")
+    monkeypatch.setattr(cpu.platform, "libc_ver", lambda: ("glibc", "2.36"))
+    return setting
+
+
+def test_tunables_added_to_an_empty_or_existing_setting(linux_glibc_thp):
+    assert cpu.huge_page_tunables({}) == "glibc.malloc.hugetlb=1"
+    assert cpu.huge_page_tunables({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == \
+        "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+
+
+def test_an_explicit_hugetlb_setting_wins(linux_glibc_thp):
+    assert cpu.huge_page_tunables({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is None
+    assert cpu.huge_page_tunables({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"}) is None
+
+
+def test_nothing_to_add_without_thp_or_a_recent_glibc(linux_glibc_thp, monkeypatch):
+    linux_glibc_thp.write_text("always madvise [never]\n")
+    assert cpu.huge_page_tunables({}) is None
+    linux_glibc_thp.write_text("[always] madvise never\n")
+    assert cpu.huge_page_tunables({}) == "glibc.malloc.hugetlb=1"
+    monkeypatch.setattr(cpu.platform, "libc_ver", lambda: ("glibc", "2.34"))
+    assert cpu.huge_page_tunables({}) is None
+    monkeypatch.setattr(cpu.platform, "libc_ver", lambda: ("", ""))  # musl, or not found
+    assert cpu.huge_page_tunables({}) is None
+    monkeypatch.setattr(cpu.platform, "libc_ver", lambda: ("glibc", "2.36"))
+    monkeypatch.setattr(cpu, "THP_SETTING", str(linux_glibc_thp.parent / "missing"))
+    assert cpu.huge_page_tunables({}) is None
+    monkeypatch.setattr(cpu, "THP_SETTING", str(linux_glibc_thp))
+    monkeypatch.setattr(cpu.sys, "platform", "darwin")
+    assert cpu.huge_page_tunables({}) is None
+
+
+_SCRIPT = """
+import json, os, resource, sys
+from refiner_jax import cpu
+print("started", flush=True)  # printed once per process: twice when the script restarts
+cpu.restart_with_huge_pages()
+import jax, jax.numpy as jnp
+n = 9 * 2 ** 20  # 36 MiB of float32: above glibc's largest mmap threshold (32 MiB), so mapped on every call
+f = jax.jit(lambda x: jnp.sum(jax.lax.optimization_barrier(jnp.sin(x))))  # the barrier materialises sin(x)
+x = jnp.ones((n,), jnp.float32)
+faults = []
+for _ in range(6):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    f(x).block_until_ready()
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"tunables": os.environ.get("GLIBC_TUNABLES"), "faults": sorted(faults[2:])[1],
+                  "pages": n * 4 // 4096, "argv": sys.argv[1:]}))
+"""
+
+
+def _run(tmp_path, env_tunables):
+    script = tmp_path / "restarting.py"
+    script.write_text(_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    env["PYTHONPATH"] = str(REPO)
+    if env_tunables is not None:
+        env["GLIBC_TUNABLES"] = env_tunables
+    proc = subprocess.run([sys.executable, str(script), "--flag=1", "x"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    return lines.count("started"), json.loads(lines[-1])
+
+
+@pytest.mark.skipif(cpu.huge_page_tunables({}) is None,
+                    reason="needs Linux, glibc >= 2.35 and transparent huge pages not disabled")
+def test_restart_sets_the_tunable_and_removes_the_per_call_page_faults(tmp_path):
+    starts, report = _run(tmp_path, None)
+    assert starts == 2 and report["tunables"] == "glibc.malloc.hugetlb=1"
+    assert report["argv"] == ["--flag=1", "x"]
+    assert report["faults"] < report["pages"] / 4, report  # 2 MiB pages: a few dozen faults instead of thousands
+
+    starts, report = _run(tmp_path, "glibc.malloc.hugetlb=0")  # opted out: no restart, a fault per 4 KiB page
+    assert starts == 1 and report["tunables"] == "glibc.malloc.hugetlb=0"
+    assert report["faults"] > report["pages"] / 2, report
