@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"  # e.g. "always [madvise] never"
+_RESTARTED = "REFINER_JAX_HUGE_PAGES_RESTARTED"  # set in the restarted process: restart at most once
 
 
 def _glibc_has_hugetlb() -> bool:
@@ -57,14 +58,16 @@ def restart_with_huge_pages() -> None:
     `huge_page_tunables` has something to add; otherwise return.
 
     Call it first thing in a script's `__main__`, before JAX starts, threads run or files are written (the restart
-    runs the whole command again). The restarted process finds the tunable set and returns at once.
+    runs the whole command again). The restarted process finds the tunable set and returns at once; it never
+    restarts twice, even where the environment loses `GLIBC_TUNABLES` (glibc drops it for setuid programs).
     """
     tunables = huge_page_tunables(os.environ)
-    if tunables is None or not sys.executable:
+    if tunables is None or not sys.executable or os.environ.get(_RESTARTED):
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, "GLIBC_TUNABLES": tunables})
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
+              {**os.environ, "GLIBC_TUNABLES": tunables, _RESTARTED: "1"})
 
 
 __all__ = ["HUGE_PAGES", "huge_page_tunables", "restart_with_huge_pages"]

@@ -74,13 +74,14 @@ print(json.dumps({"tunables": os.environ.get("GLIBC_TUNABLES"), "faults": sorted
 """
 
 
-def _run(tmp_path, env_tunables):
+def _run(tmp_path, env_tunables, **extra_env):
     script = tmp_path / "restarting.py"
     script.write_text(_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", cpu._RESTARTED)}
     env["PYTHONPATH"] = str(REPO)
     if env_tunables is not None:
         env["GLIBC_TUNABLES"] = env_tunables
+    env.update(extra_env)
     proc = subprocess.run([sys.executable, str(script), "--flag=1", "x"], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -99,3 +100,11 @@ def test_restart_sets_the_tunable_and_removes_the_per_call_page_faults(tmp_path)
     starts, report = _run(tmp_path, "glibc.malloc.hugetlb=0")  # opted out: no restart, a fault per 4 KiB page
     assert starts == 1 and report["tunables"] == "glibc.malloc.hugetlb=0"
     assert report["faults"] > report["pages"] / 2, report
+
+
+@pytest.mark.skipif(cpu.huge_page_tunables({}) is None,
+                    reason="needs Linux, glibc >= 2.35 and transparent huge pages not disabled")
+def test_a_restarted_process_does_not_restart_again(tmp_path):
+    """Where the restarted process's environment lost the tunable, it runs on instead of restarting again."""
+    starts, report = _run(tmp_path, None, **{cpu._RESTARTED: "1"})
+    assert starts == 1 and report["tunables"] is None
