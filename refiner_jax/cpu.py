@@ -59,10 +59,12 @@ def restart_with_huge_pages() -> None:
 
     Call it first thing in a script's `__main__`, before JAX starts, threads run or files are written (the restart
     runs the whole command again). The restarted process finds the tunable set and returns at once; it never
-    restarts twice, even where the environment loses `GLIBC_TUNABLES` (glibc drops it for setuid programs).
+    restarts twice, even where the environment loses `GLIBC_TUNABLES` (glibc drops it for setuid programs). An
+    interactive session (`python -i`, a REPL) is never restarted: its state would be lost.
     """
     tunables = huge_page_tunables(os.environ)
-    if tunables is None or not sys.executable or os.environ.get(_RESTARTED):
+    interactive = sys.flags.interactive or hasattr(sys, "ps1")
+    if tunables is None or not sys.executable or os.environ.get(_RESTARTED) or interactive:
         return
     sys.stdout.flush()
     sys.stderr.flush()

@@ -74,7 +74,7 @@ print(json.dumps({"tunables": os.environ.get("GLIBC_TUNABLES"), "faults": sorted
 """
 
 
-def _run(tmp_path, env_tunables, **extra_env):
+def _run(tmp_path, env_tunables, *python_options, **extra_env):
     script = tmp_path / "restarting.py"
     script.write_text(_SCRIPT)
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", cpu._RESTARTED)}
@@ -82,8 +82,8 @@ def _run(tmp_path, env_tunables, **extra_env):
     if env_tunables is not None:
         env["GLIBC_TUNABLES"] = env_tunables
     env.update(extra_env)
-    proc = subprocess.run([sys.executable, str(script), "--flag=1", "x"], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, *python_options, str(script), "--flag=1", "x"], env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     return lines.count("started"), json.loads(lines[-1])
@@ -107,4 +107,11 @@ def test_restart_sets_the_tunable_and_removes_the_per_call_page_faults(tmp_path)
 def test_a_restarted_process_does_not_restart_again(tmp_path):
     """Where the restarted process's environment lost the tunable, it runs on instead of restarting again."""
     starts, report = _run(tmp_path, None, **{cpu._RESTARTED: "1"})
+    assert starts == 1 and report["tunables"] is None
+
+
+@pytest.mark.skipif(cpu.huge_page_tunables({}) is None,
+                    reason="needs Linux, glibc >= 2.35 and transparent huge pages not disabled")
+def test_an_interactive_session_is_not_restarted(tmp_path):
+    starts, report = _run(tmp_path, None, "-i")  # `python -i script`: the REPL follows the script (stdin: EOF)
     assert starts == 1 and report["tunables"] is None
