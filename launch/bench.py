@@ -9,9 +9,10 @@ to `--torch-threads` (default 2) while XLA uses every core: compare on a machine
 records `cpu_cores`), or raise the flag to match. `--torch-device cuda` runs transformers on the GPU, beside JAX on its
 default device; float32 products then use TF32 on both sides (JAX's default on recent NVIDIA GPUs).
 
+`train` splits the batch over every JAX device (`--mesh-axis data`, or `fsdp` to split the parameters too), and
 `sample` splits the prompts over every JAX device (`sample_t5(..., mesh=...)`, one decode loop per device). On a CPU,
 `--host-devices` (default: one per core) exposes the cores as that many XLA host devices before JAX starts, so the
-loops run in parallel; `--host-devices 1` measures the sampler on one device.
+devices' programs run in parallel; `--host-devices 1` measures one device.
 
 On Linux the bench first starts itself again with glibc's transparent huge pages for malloc (`refiner_jax.cpu`), as
 `launch/train.py` does; both sides run under it, and the JSON records `glibc_tunables`.
@@ -189,13 +190,17 @@ def bench_train(args) -> dict:
     in transformers' PyTorch T5 (forward with labels, backward, clip, AdamW), on identical weights and batches.
 
     Batch `--batch` rows of `--input-len` prompt and `--target-len` target tokens (no padding), dropout 0.1 in both.
+    Ours splits the batch over every JAX device along `--mesh-axis`; on a CPU, `--host-devices` (default: one per
+    core) exposes the cores as that many XLA host devices first. XLA:CPU runs most elementwise work of a program on one
+    thread and only its matrix products on every core, so the per-device programs overlap that work.
     """
+    _expose_host_devices(args.host_devices)
     import jax
     import jax.numpy as jnp
     import numpy as np
     import torch
     import transformers
-    
+
     from refiner_jax import sharding
     from refiner_jax.models import hf
     from refiner_jax.models.t5 import T5, preset
@@ -207,7 +212,10 @@ def bench_train(args) -> dict:
     config = preset(TRAIN_PRESETS[args.preset], dropout_rate=0.1)
     model = T5(config)
     dummy = jnp.ones((1, 8), jnp.int32)
-    mesh = sharding.make_mesh({"data": 1, "fsdp": -1, "tensor": 1})
+    if args.batch % jax.device_count():
+        raise SystemExit(f"--batch {args.batch} does not split over the {jax.device_count()} JAX devices; use a "
+                         f"multiple of {jax.device_count()} or fewer --host-devices")
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1, args.mesh_axis: -1})
     tx, schedule = make_optimizer({"name": "adamw", "learning_rate": 1e-4, "grad_clip_norm": 1.0})
     state, shardings = create_train_state(lambda k: model.init(k, dummy, dummy)["params"], tx, mesh, seed=args.seed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -247,7 +255,7 @@ def bench_train(args) -> dict:
     return {"benchmark": "train", "preset": args.preset, "config": TRAIN_PRESETS[args.preset],
             "batch": args.batch, "input_len": args.input_len, "target_len": args.target_len,
             "repeats": args.repeats, "torch_threads": args.torch_threads, "torch_device": args.torch_device,
-            "cpu_cores": os.cpu_count(), "jax_devices": str(jax.devices()),
+            "cpu_cores": os.cpu_count(), "jax_devices": str(jax.devices()), "mesh": dict(mesh.shape),
             "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
             "ours_s_per_step": round(med["ours"], 4), "transformers_s_per_step": round(med["transformers"], 4),
             "ours_examples_per_s": round(args.batch / med["ours"], 2),
@@ -269,6 +277,10 @@ def _add_train_parser(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed steps per implementation (median reported)")
     p.add_argument("--torch-threads", type=int, default=2)
     p.add_argument("--torch-device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--host-devices", type=int, default=os.cpu_count() or 1,
+                   help="XLA:CPU host devices to split our batch over (default: one per core)")
+    p.add_argument("--mesh-axis", choices=("data", "fsdp"), default="data",
+                   help="the mesh axis over every JAX device: data (replicated parameters) or fsdp (split ones)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=bench_train)
 
