@@ -11,8 +11,9 @@ default device; float32 products then use TF32 on both sides (JAX's default on r
 
 `train` splits the batch over every JAX device (`--mesh-axis data`, or `fsdp` to split the parameters too), and
 `sample` splits the prompts over every JAX device (`sample_t5(..., mesh=...)`, one decode loop per device). On a CPU,
-`--host-devices` (default: one per core) exposes the cores as that many XLA host devices before JAX starts, so the
-devices' programs run in parallel; `--host-devices 1` measures one device.
+`--host-devices` (default: one per core; for `train`, fewer where the batch does not divide) exposes the cores as
+that many XLA host devices before JAX starts, so the devices' programs run in parallel; `--host-devices 1` measures
+one device.
 
 On Linux the bench first starts itself again with glibc's transparent huge pages for malloc (`refiner_jax.cpu`), as
 `launch/train.py` does; both sides run under it, and the JSON records `glibc_tunables`.
@@ -76,7 +77,9 @@ def bench_sample(args) -> dict:
     the same number of tokens. Same architecture and weights (ours, exported with `models.hf.save_t5`). Ours splits
     the prompts over all JAX devices when they divide the batch.
     """
-    _expose_host_devices(args.host_devices)
+    cores = os.cpu_count() or 1
+    host_devices = args.host_devices or max(n for n in range(1, cores + 1) if args.batch % n == 0)
+    _expose_host_devices(host_devices)
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -191,10 +194,13 @@ def bench_train(args) -> dict:
 
     Batch `--batch` rows of `--input-len` prompt and `--target-len` target tokens (no padding), dropout 0.1 in both.
     Ours splits the batch over every JAX device along `--mesh-axis`; on a CPU, `--host-devices` (default: one per
-    core) exposes the cores as that many XLA host devices first. XLA:CPU runs most elementwise work of a program on one
-    thread and only its matrix products on every core, so the per-device programs overlap that work.
+    core, or the largest smaller count that divides the batch) exposes the cores as that many XLA host devices
+    first. XLA:CPU runs most elementwise work of a program on one thread and only its matrix products on every core,
+    so the per-device programs overlap that work.
     """
-    _expose_host_devices(args.host_devices)
+    cores = os.cpu_count() or 1
+    host_devices = args.host_devices or max(n for n in range(1, cores + 1) if args.batch % n == 0)
+    _expose_host_devices(host_devices)
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -277,8 +283,9 @@ def _add_train_parser(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed steps per implementation (median reported)")
     p.add_argument("--torch-threads", type=int, default=2)
     p.add_argument("--torch-device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--host-devices", type=int, default=os.cpu_count() or 1,
-                   help="XLA:CPU host devices to split our batch over (default: one per core)")
+    p.add_argument("--host-devices", type=int, default=0,
+                   help="XLA:CPU host devices to split our batch over (default: one per core, or the largest "
+                        "smaller count that divides --batch)")
     p.add_argument("--mesh-axis", choices=("data", "fsdp"), default="data",
                    help="the mesh axis over every JAX device: data (replicated parameters) or fsdp (split ones)")
     p.add_argument("--seed", type=int, default=0)
