@@ -16,6 +16,7 @@ import random
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from jax.sharding import Mesh
 
 from refiner_jax import refine
 from refiner_jax import sharding as shd
@@ -334,33 +335,35 @@ def generator_stage_dir(workdir: str, stages: Sequence[str] = ("refiner", "warmu
                             "(train with launch/train.py --workdir=...)")
 
 
-def load_run_models(run: refine.RunInfo, task: Task, batch_size: int, with_critic: bool = True
-                    ) -> tuple[str, refine.TextModel, refine.ModelCritic | None]:
+def load_run_models(run: refine.RunInfo, task: Task, batch_size: int, with_critic: bool = True,
+                    mesh: Mesh | None = None) -> tuple[str, refine.TextModel, refine.ModelCritic | None]:
     """(generator stage directory, generator, trained critic) of a run: the REFINER generator (else the warm-up
     one) and the critic, None when it was not trained or `with_critic` is False. Prompts are padded to the run's
-    token budgets, so each model compiles its sampler once."""
+    token budgets, so each model compiles its sampler once; with a `mesh`, they are split over its devices."""
     generator_dir = generator_stage_dir(run.workdir)
     tokenizer = run.tokenizer()
     lengths = run.lengths
     generator = refine.load_text_model(generator_dir, tokenizer, lengths["refine_input"], lengths["target"],
-                                       lengths["refine_input"], batch_size)
+                                       lengths["refine_input"], batch_size, mesh=mesh)
     critic = None
     critic_dir = os.path.join(run.workdir, "critic")
     if with_critic and os.path.isdir(os.path.join(critic_dir, "export")):
         critic = refine.ModelCritic(refine.load_text_model(critic_dir, tokenizer, lengths["critic_input"],
-                                                           lengths["feedback"], lengths["critic_input"], batch_size),
+                                                           lengths["feedback"], lengths["critic_input"], batch_size,
+                                                           mesh=mesh),
                                     task)
     return generator_dir, generator, critic
 
 
 def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples: int | None = None,
-                 turns: int | None = None, out_dir: str | None = None) -> dict[str, Any]:
+                 turns: int | None = None, out_dir: str | None = None, mesh: Mesh | None = None) -> dict[str, Any]:
     """Evaluates a trained run directory and writes `results.md`, `results.json`, `predictions.jsonl` and plots
     to `out_dir` (default `<workdir>/eval`).
 
     Generator: `<workdir>/refiner` (else `<workdir>/warmup`); critic: `<workdir>/critic` (rows left out when it
     was not trained). Settings come from the run's config (`config_dict`, default `<workdir>/config.json`):
-    `eval.examples/turns/batch_size/noise_levels/bootstrap_samples`, `refiner.template`, `task.data_dir`.
+    `eval.examples/turns/batch_size/noise_levels/bootstrap_samples`, `refiner.template`, `task.data_dir`. With a
+    `mesh`, the models sample over its devices (`refine.TextModel`).
     """
     from refiner_jax import results as results_lib
 
@@ -386,7 +389,7 @@ def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples:
     data_dir = run.config.get("task", {}).get("data_dir") or None
     examples = task.load("test", data_dir)
     examples = examples[:int(limit)] if limit is not None else examples
-    generator_dir, generator, critic = load_run_models(run, task, batch_size)
+    generator_dir, generator, critic = load_run_models(run, task, batch_size, mesh=mesh)
     if critic is None:
         print(f"[eval] {os.path.join(workdir, 'critic')}/export not found: the trained-critic rows are left out")
 

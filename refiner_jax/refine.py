@@ -19,6 +19,8 @@ from typing import Any, Callable, Protocol, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh
 
 from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax import sampling
@@ -33,7 +35,10 @@ class TextModel:
     """A T5 with its tokenizer as a batched text -> text function.
 
     `max_input` / `max_output` are token budgets; prompts are padded to multiples of `bucket` tokens and to
-    `batch_size` rows, so a stream of batches reuses a few compiled shapes.
+    `batch_size` rows, so a stream of batches reuses a few compiled shapes. With a `mesh`, each batch's prompts are
+    split over its devices, one decode loop per device (`sampling.sample_t5`; rows padded to a multiple of the
+    device count), instead of one loop on the default device; a mesh over several processes needs every process
+    to generate the same texts together.
     """
 
     config: T5Config
@@ -43,6 +48,7 @@ class TextModel:
     max_output: int
     bucket: int = 16
     batch_size: int = 64
+    mesh: Mesh | None = None
 
     def generate(self, texts: Sequence[str], *, num_samples: int = 1, top_p: float = 1.0, temperature: float = 0.0,
                  rng: jax.Array | None = None) -> list[list[str]]:
@@ -58,17 +64,19 @@ class TextModel:
         rng = jax.random.key(0) if rng is None else rng
         out: list[list[str]] = []
         log_probs = []
+        devices = 1 if self.mesh is None else self.mesh.size
+        padded = -(-self.batch_size // devices) * devices
         for start in range(0, len(texts), self.batch_size):
             chunk = list(texts[start:start + self.batch_size])
-            rows = chunk + [""] * (self.batch_size - len(chunk))
+            rows = chunk + [""] * (padded - len(chunk))
             prompts = self.tokenizer.encode_batch(rows, self.max_input, pad_to=self.bucket)
             result = sampling.sample_t5(self.params, prompts, jax.random.fold_in(rng, start), config=self.config,
                                         num_samples=num_samples, max_new_tokens=self.max_output,
-                                        temperature=temperature, top_p=top_p)
-            tokens = np.asarray(result.tokens)  # [batch, k, len]
+                                        temperature=temperature, top_p=top_p, mesh=self.mesh)
+            tokens = _to_host(result.tokens)  # [batch, k, len]
             for i in range(len(chunk)):
                 out.append(self.tokenizer.decode_batch(tokens[i]))
-            log_probs.append(np.asarray(result.log_prob)[:len(chunk)])  # [batch, k]
+            log_probs.append(_to_host(result.log_prob)[:len(chunk)])  # [batch, k]
         return out, (np.concatenate(log_probs) if log_probs else np.zeros((0, num_samples), np.float32))
 
     def greedy(self, texts: Sequence[str]) -> list[str]:
@@ -88,6 +96,11 @@ class TextModel:
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 
+def _to_host(x: jax.Array) -> np.ndarray:
+    """The whole value of `x` on this host, gathered from the other processes where they hold part of it."""
+    return np.asarray(x) if x.is_fully_addressable else np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
 @functools.partial(jax.jit, static_argnames=("config",))
 def _sequence_log_probs(params, inputs, targets, *, config: T5Config):
     logits = T5(config).apply({"params": params}, inputs, shift_right(targets))  # [batch, len, vocab]
@@ -96,15 +109,16 @@ def _sequence_log_probs(params, inputs, targets, *, config: T5Config):
 
 
 def load_text_model(stage_dir: str, tokenizer: Tokenizer, max_input: int, max_output: int, bucket: int = 16,
-                    batch_size: int = 64) -> TextModel:
-    """The exported parameters of a finished training stage (`<workdir>/<stage>`) as a `TextModel`."""
+                    batch_size: int = 64, mesh: Mesh | None = None) -> TextModel:
+    """The exported parameters of a finished training stage (`<workdir>/<stage>`) as a `TextModel` (sampling over
+    `mesh`'s devices when given)."""
     export = os.path.join(stage_dir, "export")
     if not os.path.isdir(export):
         raise FileNotFoundError(f"{export} does not exist: train the stage first "
                                 "(python launch/train.py --config=... --workdir=...)")
     params, metadata = ckpt_lib.load_params(export)
     config = T5Config(**metadata["model_config"])
-    return TextModel(config, params, tokenizer, max_input, max_output, bucket, batch_size)
+    return TextModel(config, params, tokenizer, max_input, max_output, bucket, batch_size, mesh)
 
 
 class Critic(Protocol):

@@ -449,10 +449,26 @@ def sample_t5(params, encoder_tokens, rng, *, config, max_new_tokens: int, num_s
     if devices == 1:
         cross_kv = _encode_t5_jit(params, encoder_tokens, config=config)
         return _decode_t5_jit(platform)(params, cross_kv, encoder_tokens, rng, *knobs, **static)
-    params = jax.device_put(params, NamedSharding(mesh, P()))
-    encoder_tokens = jax.device_put(encoder_tokens, NamedSharding(mesh, P(mesh.axis_names)))
+    params = _place(params, NamedSharding(mesh, P()))
+    encoder_tokens = _place(encoder_tokens, NamedSharding(mesh, P(mesh.axis_names)))
     cross_kv = _encode_t5_split(mesh, config)(params, encoder_tokens)
     return _decode_t5_split(mesh, **static)(params, cross_kv, encoder_tokens, rng, *knobs)
+
+
+def _place(tree, sharding: NamedSharding):
+    """`tree`'s arrays placed with `sharding`. With several processes, each passes the same values: an array
+    already split over the processes is left to the jitted programs to reshard, and a process-local one becomes a
+    global array built from this process's copy."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)
+
+    def place(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return x
+        value = np.asarray(x)
+        return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+    return jax.tree.map(place, tree)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -266,7 +266,7 @@ def test_interactive_session_loads_a_run_directory(tmp_path, monkeypatch):
     test = get_task("mwp", **config.task.options).load("test")
     loaded = []
 
-    def fake_load(stage_dir, tokenizer, max_input, max_output, bucket=16, batch_size=64):
+    def fake_load(stage_dir, tokenizer, max_input, max_output, bucket=16, batch_size=64, mesh=None):
         loaded.append((stage_dir.rsplit("/", 1)[-1], max_input, max_output, bucket, batch_size))
         if stage_dir.endswith("critic"):
             return type("Critic", (), {

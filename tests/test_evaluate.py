@@ -353,7 +353,7 @@ def test_evaluate_run_writes_reports(tmp_path, monkeypatch):
     monkeypatch.setattr(refine.RunInfo, "tokenizer", lambda self: None)
     loaded = []
 
-    def fake_load(stage_dir, tokenizer, max_input, max_output, bucket=16, batch_size=64):
+    def fake_load(stage_dir, tokenizer, max_input, max_output, bucket=16, batch_size=64, mesh=None):
         loaded.append((os.path.basename(stage_dir), max_input, max_output, batch_size))
         return _MWPFakeModel(examples, os.path.basename(stage_dir))
 

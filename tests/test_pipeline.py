@@ -127,7 +127,7 @@ def test_refiner_turns_follow_the_oracle(monkeypatch):
                  "#0: add ( number0, number1 )", "7", {"numbers": [3.0, 4.0]})
 
     class FakeGenerator:  # the current generator as seen by the stage: always proposes these samples
-        config, tokenizer, max_input, max_output, bucket = None, None, 8, 8, 8
+        config, tokenizer, max_input, max_output, bucket, mesh = None, None, 8, 8, 8, None
 
     proposals = ["#0: subtract ( number0, number1 )", "#0: add ( number1, number0 )"]
 

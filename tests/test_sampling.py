@@ -380,7 +380,42 @@ def _mesh_report() -> dict:
     with pytest.raises(ValueError) as error:
         sampling.sample_t5(params, prompts[:6], jax.random.key(0), mesh=mesh, **kwargs)
     report["bad_batch_error"] = str(error.value)
+    report.update(_text_model_mesh_report(mesh))
     return report
+
+
+def _text_model_mesh_report(mesh) -> dict:
+    """`refine.TextModel` with a mesh: its batches of 3 texts padded to 4 rows and split over the 4 devices, against
+    the same model on one device."""
+    from refiner_jax import refine
+    from refiner_jax.models.t5 import T5, preset
+    from refiner_jax.tokenizers import ByteTokenizer
+
+    tok = ByteTokenizer()
+    config = preset("t5-tiny", vocab_size=tok.vocab_size, num_layers=1)
+    params = T5(config).init(jax.random.key(1), np.ones((1, 8), np.int32), np.ones((1, 8), np.int32))["params"]
+    texts = ["first problem", "a second", "third one here", "four", "and the fifth"]
+    one = refine.TextModel(config, params, tok, max_input=16, max_output=6, batch_size=3)
+    split = refine.TextModel(config, params, tok, max_input=16, max_output=6, batch_size=3, mesh=mesh)
+    calls = []
+    sample_t5 = sampling.sample_t5
+
+    def recording(params, prompts, rng, **kwargs):
+        out = sample_t5(params, prompts, rng, **kwargs)
+        calls.append((prompts.shape[0], len(out.tokens.sharding.device_set)))
+        return out
+
+    sampling.sample_t5 = recording
+    try:
+        want, want_lp = one.generate_with_log_probs(texts)
+        got, got_lp = split.generate_with_log_probs(texts)
+        sampled = split.generate(texts, num_samples=2, temperature=1.0, top_p=0.9, rng=jax.random.key(3))
+    finally:
+        sampling.sample_t5 = sample_t5
+    return {"text_model_greedy_equal": got == want,
+            "text_model_log_prob_diff": float(np.abs(got_lp - want_lp).max()),
+            "text_model_calls": calls,
+            "text_model_sampled_shape": [len(sampled), sorted({len(s) for s in sampled})]}
 
 
 @pytest.fixture(scope="module")
@@ -397,6 +432,16 @@ def test_t5_split_over_a_mesh_equals_unsplit_calls_per_device(mesh_report):
     assert r["sampled_repeat_equal"] and r["sampled_per_device_equal"] == [True] * 4, r
     assert r["recompiles"] == 0, r  # new key, temperature and top_p: the split programs are reused
     assert r["bad_batch_error"].startswith("batch size 6 must divide by the mesh's 4 devices"), r
+
+
+def test_text_model_splits_its_batches_over_a_mesh(mesh_report):
+    """`refine.TextModel(mesh=...)` pads each batch of 3 texts to 4 rows, one per device, and generates what the
+    same model does on one device."""
+    r = mesh_report
+    assert r["text_model_greedy_equal"] and r["text_model_log_prob_diff"] < 1e-4, r
+    # (rows, devices) of each call: two batches (3 + 2 texts) of 3 rows on one device, then of 4 rows over the 4
+    assert r["text_model_calls"][:4] == [[3, 1], [3, 1], [4, 4], [4, 4]], r
+    assert r["text_model_sampled_shape"] == [5, [2]], r
 
 
 def test_auto_row_chunks_only_splits_large_decode_state_of_small_models_on_cpu():

@@ -159,7 +159,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
     def text_model(params, max_input, max_output):
         # Prompts padded to the full budget: one compiled sampler per (batch, budget) for the whole run.
         return TextModel(model_config, params, tokenizer, max_input, max_output, bucket=max_input,
-                         batch_size=config.eval.batch_size)
+                         batch_size=config.eval.batch_size, mesh=mesh)
 
     def run_stage(name, spec_fn, init_params=None):
         done = stage_done(workdir, name)
@@ -181,7 +181,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
         if config.critic.generator_fraction > 0:
             sampled = max(1, int(round(config.critic.batch_size * config.critic.generator_fraction)))
             generator = TextModel(model_config, warmed_up_params(), tokenizer, lengths.input, lengths.target,
-                                  bucket=lengths.input, batch_size=sampled)
+                                  bucket=lengths.input, batch_size=sampled, mesh=mesh)
         pairs = refiner_lib.critic_pairs(task, train, config.seed, generator, config.critic.generator_fraction,
                                          top_p=config.critic.generator_top_p)
         return StageSpec(
@@ -223,7 +223,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
 
         start = time.time()
         evaluation = evaluate.evaluate_run(workdir, json.loads(config.to_json()), max_examples=config.eval.examples,
-                                           out_dir=workdir)
+                                           out_dir=workdir, mesh=mesh)
         timings["eval"] = time.time() - start
         results["eval"] = {"rows": evaluation["rows"], "seconds": timings["eval"]}
         if shd.is_main_process():

@@ -128,7 +128,7 @@ def refiner_pairs(task: Task, examples: Sequence[Example], generator: TextModel,
     def make(params: Any, indices: np.ndarray, step: int):
         batch = [examples[int(i)] for i in indices]
         model = TextModel(generator.config, params, generator.tokenizer, generator.max_input, generator.max_output,
-                          generator.bucket, batch_size=len(batch))
+                          generator.bucket, batch_size=len(batch), mesh=generator.mesh)
         rng = _rng(seed, step, 1)
         key = jax.random.fold_in(jax.random.key(seed), step)
         inputs = [ex.x for ex in batch]
