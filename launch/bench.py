@@ -31,6 +31,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from refiner_jax import cpu  # noqa: E402 (standard library only: JAX has not started)
+
 SAMPLE_PRESETS = {"tiny": "t5-tiny", "t5-small": "t5-small"}
 
 
@@ -62,13 +64,6 @@ def _median_interleaved(fns: dict, repeats: int) -> dict:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def _expose_host_devices(count: int) -> None:
-    """Before JAX starts: make XLA:CPU expose `count` host devices (an XLA_FLAGS setting already made wins)."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if count > 1 and "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
-
-
 def bench_sample(args) -> dict:
     """Batch sampling throughput of `refiner_jax.sampling.sample_t5` vs `T5ForConditionalGeneration.generate`.
 
@@ -77,9 +72,7 @@ def bench_sample(args) -> dict:
     the same number of tokens. Same architecture and weights (ours, exported with `models.hf.save_t5`). Ours splits
     the prompts over all JAX devices when they divide the batch.
     """
-    cores = os.cpu_count() or 1
-    host_devices = args.host_devices or max(n for n in range(1, cores + 1) if args.batch % n == 0)
-    _expose_host_devices(host_devices)
+    cpu.expose_host_devices(args.host_devices)
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -200,7 +193,7 @@ def bench_train(args) -> dict:
     """
     cores = os.cpu_count() or 1
     host_devices = args.host_devices or max(n for n in range(1, cores + 1) if args.batch % n == 0)
-    _expose_host_devices(host_devices)
+    cpu.expose_host_devices(host_devices)
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -302,6 +295,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    from refiner_jax import cpu
     cpu.restart_with_huge_pages()
     main()

@@ -13,10 +13,13 @@ if __name__ == "__main__":  # before JAX starts or any flag is read
     from refiner_jax import cpu
     cpu.restart_with_huge_pages()
 
+import os
+
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from refiner_jax import sharding
+from refiner_jax import cpu, sharding
 from refiner_jax.training import pipeline
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py[:variant]).",
@@ -29,6 +32,9 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of pr
                                    "on machines JAX does not auto-detect (with --num_processes, --process_id).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run (with --coordinator_address).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0 .. num_processes - 1.")
+_HOST_DEVICES = flags.DEFINE_integer("host_devices", 1, "On a CPU: split it into this many XLA host devices (0: one "
+                                     "per core). The mesh's axes then span them: batches and the sampler's prompts "
+                                     "are split over them. Ignored on GPU and TPU.")
 flags.mark_flags_as_required(["config"])
 
 
@@ -36,8 +42,15 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # keep checkpointing chatter out of the progress output
+    if _HOST_DEVICES.value < 0:
+        raise app.UsageError(f"--host_devices={_HOST_DEVICES.value}: use a positive count, or 0 for one per core")
+    host_devices = cpu.expose_host_devices(_HOST_DEVICES.value or os.cpu_count() or 1)
     sharding.maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                           enabled=_MULTIHOST.value)
+    if jax.default_backend() == "cpu" and jax.local_device_count() != host_devices:
+        raise app.UsageError(f"JAX started its CPU backend with {jax.local_device_count()} devices before "
+                             f"--host_devices={_HOST_DEVICES.value} could apply; set XLA_FLAGS="
+                             f"{cpu.HOST_DEVICES_FLAG}={host_devices} in the environment instead")
     pipeline.run(_CONFIG.value, _WORKDIR.value, tuple(_STAGES.value))
 
 

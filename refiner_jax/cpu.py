@@ -7,14 +7,20 @@ malloc ask for transparent huge pages (2 MiB) instead: about 180 faults per step
 of 253-319 ms on a 2-core CPU.
 
 glibc reads tunables only when a process starts, so `restart_with_huge_pages` starts the running script again with
-the tunable set; the launchers call it first thing. Pure standard library: importing this module does not start JAX.
+the tunable set; the launchers call it first thing.
+
+XLA:CPU runs most of a program's elementwise work on one thread and only its matrix products on every core.
+`expose_host_devices` splits the CPU into several XLA host devices before JAX starts its CPU backend, so that a program
+split over them (batches, sampled prompts) runs every device's share of that work at once.
+
+Pure standard library: importing this module does not start JAX.
 """
 from __future__ import annotations
 
 import os
 import platform
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"  # e.g. "always [madvise] never"
@@ -72,4 +78,20 @@ def restart_with_huge_pages() -> None:
               {**os.environ, "GLIBC_TUNABLES": tunables, _RESTARTED: "1"})
 
 
-__all__ = ["HUGE_PAGES", "huge_page_tunables", "restart_with_huge_pages"]
+HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+
+
+def expose_host_devices(count: int, environ: MutableMapping[str, str] = os.environ) -> int:
+    """Make XLA:CPU expose `count` host devices (adds `HOST_DEVICES_FLAG` to `XLA_FLAGS`), unless `XLA_FLAGS` sets
+    a count already, which wins; returns the count that applies. It takes effect only where JAX has not started its
+    CPU backend yet (before the first `jax.devices()` or computation); other backends ignore it."""
+    flags = environ.get("XLA_FLAGS", "")
+    for flag in flags.split():
+        if flag.startswith(HOST_DEVICES_FLAG + "="):
+            return int(flag.split("=", 1)[1])
+    if count > 1:
+        environ["XLA_FLAGS"] = f"{flags} {HOST_DEVICES_FLAG}={count}".strip()
+    return max(count, 1)
+
+
+__all__ = ["HOST_DEVICES_FLAG", "HUGE_PAGES", "expose_host_devices", "huge_page_tunables", "restart_with_huge_pages"]

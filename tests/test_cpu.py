@@ -115,3 +115,25 @@ def test_a_restarted_process_does_not_restart_again(tmp_path):
 def test_an_interactive_session_is_not_restarted(tmp_path):
     starts, report = _run(tmp_path, None, "-i")  # `python -i script`: the REPL follows the script (stdin: EOF)
     assert starts == 1 and report["tunables"] is None
+
+
+def test_host_devices_are_added_to_xla_flags_unless_a_count_is_set():
+    env = {}
+    assert cpu.expose_host_devices(4, env) == 4 and env == {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    env = {"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}
+    assert cpu.expose_host_devices(2, env) == 2
+    assert env["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=2"
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}  # the user's own count wins
+    assert cpu.expose_host_devices(2, env) == 8 and env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=8"
+    env = {}
+    assert cpu.expose_host_devices(1, env) == 1 and env == {}
+
+
+def test_exposed_host_devices_are_the_cpu_backend_devices():
+    script = ("from refiner_jax import cpu; cpu.expose_host_devices(3); import jax; "
+              "print(jax.default_backend(), jax.device_count())")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["cpu", "3"]
