@@ -424,8 +424,8 @@ def sample_t5(params, encoder_tokens, rng, *, config, max_new_tokens: int, num_s
         each device encodes and decodes its slice in its own loop, which ends when its own rows have, with no
         communication. Parameters are replicated; place them with `NamedSharding(mesh, P())` once to avoid a copy
         per call. A mesh over several processes needs every process to pass the same prompts and key (parameters
-        split over the processes are gathered). Greedy outputs equal the single-device ones; sampled rows of device i are those of an unsplit
-        call on its slice with key `fold_in(rng, i)`. On a CPU, host devices (`XLA_FLAGS=
+        split over the processes are gathered). Greedy outputs equal the single-device ones; sampled rows of device
+        i are those of an unsplit call on its slice with key `fold_in(rng, i)`. On a CPU, host devices (`XLA_FLAGS=
         --xla_force_host_platform_device_count=<cores>`, set before JAX starts) run their loops in parallel: a
         decode step of a small model is many small operations, and two loops keep two cores busy where one splits
         each operation (t5-tiny on 2 cores: 1.5-1.9x the tokens/s of one device, t5-small greedy 1.1-1.2x).
