@@ -92,12 +92,13 @@ def test_masked_cross_entropy_gradient_is_zero_at_masked_nonfinite_positions():
 def test_seq2seq_loss_accuracy_counts_targets_with_the_largest_logit():
     from refiner_jax.training import seq2seq_loss
 
-    # A stand-in model whose logits are fixed: position 0 predicts token 2, position 1 token 1, position 2 is pad.
-    logits = jnp.array([[[0.0, 1.0, 5.0], [0.0, 3.0, 1.0], [9.0, 0.0, 0.0]]])
+    # A stand-in model whose logits are fixed: position 0 predicts token 2, position 1 token 1, position 2 ties
+    # tokens 1 and 2, position 3 is pad (its largest logit is its target's, and it must not count).
+    logits = jnp.array([[[0.0, 1.0, 5.0], [0.0, 3.0, 1.0], [0.0, 4.0, 4.0], [9.0, 0.0, 0.0]]])
     loss_fn = seq2seq_loss(lambda variables, inputs, decoder_inputs, **kw: logits)
-    batch = {"inputs": jnp.array([[5, 1]]), "targets": jnp.array([[2, 2, 0]])}
+    batch = {"inputs": jnp.array([[5, 1]]), "targets": jnp.array([[2, 2, 2, 0]])}
     _, sums = loss_fn({}, batch, None)
-    assert float(sums["accuracy_sum"]) == 1.0 and float(sums["tokens"]) == 2.0
+    assert float(sums["accuracy_sum"]) == 2.0 and float(sums["tokens"]) == 3.0
 
 
 def test_mean_metrics_divides_sums_by_tokens():

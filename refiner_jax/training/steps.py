@@ -87,7 +87,8 @@ def seq2seq_loss(apply_fn: Callable[..., jax.Array], *, z_loss: float = 0.0) -> 
 
     ``batch``: ``'inputs'`` [b, li] int32 and ``'targets'`` [b, lt] int32 (ending with eos, padded with 0); an
     optional ``'weights'`` [b, lt] replaces the non-pad mask (e.g. to train only on some target tokens). The
-    decoder inputs are the targets shifted right. Sums: ``loss_sum``, ``accuracy_sum`` (argmax == target), ``tokens``.
+    decoder inputs are the targets shifted right. Sums: ``loss_sum``, ``accuracy_sum`` (the target has the largest
+    logit), ``tokens``.
     """
     def loss_fn(params: Any, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:
         targets = batch["targets"]
@@ -98,7 +99,10 @@ def seq2seq_loss(apply_fn: Callable[..., jax.Array], *, z_loss: float = 0.0) -> 
         if weights is None:
             weights = (targets != PAD_ID).astype(jnp.float32)
         loss_sum, tokens = masked_cross_entropy(logits, targets, weights, z_loss=z_loss)
-        correct = jnp.sum((jnp.argmax(logits, -1) == targets) * weights)
+        # The target's logit against the row maximum: a max reduction, where `argmax` (a variadic reduce) took 143 ms
+        # for 2048 x 32128 logits on a 2-core CPU against 8 ms. A target tied with another maximum counts as correct.
+        target_logit = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+        correct = jnp.sum((target_logit >= jnp.max(logits, axis=-1)) * weights)
         return loss_sum, {"loss_sum": loss_sum, "accuracy_sum": correct, "tokens": tokens}
 
     return loss_fn
