@@ -50,6 +50,10 @@ class TextModel:
     batch_size: int = 64
     mesh: Mesh | None = None
 
+    def __post_init__(self):
+        if self.mesh is not None and self.mesh.size > 1:
+            self.params = sampling.replicate(self.params, self.mesh)  # once, not once per batch
+
     def generate(self, texts: Sequence[str], *, num_samples: int = 1, top_p: float = 1.0, temperature: float = 0.0,
                  rng: jax.Array | None = None) -> list[list[str]]:
         """`num_samples` continuations per text (greedy when temperature is 0), `[len(texts)][num_samples]`."""

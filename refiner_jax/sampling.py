@@ -422,7 +422,7 @@ def sample_t5(params, encoder_tokens, rng, *, config, max_new_tokens: int, num_s
         ones do (each group draws from its own key), but are fixed for a given key and row_chunks.
       mesh: split the prompts over every device of this mesh (all its axes; the batch must divide by its size):
         each device encodes and decodes its slice in its own loop, which ends when its own rows have, with no
-        communication. Parameters are replicated; place them with `NamedSharding(mesh, P())` once to avoid a copy
+        communication. Parameters are replicated; place them with `replicate(params, mesh)` once to avoid a copy
         per call. A mesh over several processes needs every process to pass the same prompts and key (parameters
         split over the processes are gathered). Greedy outputs equal the single-device ones; sampled rows of device
         i are those of an unsplit call on its slice with key `fold_in(rng, i)`. On a CPU, host devices (`XLA_FLAGS=
@@ -450,10 +450,16 @@ def sample_t5(params, encoder_tokens, rng, *, config, max_new_tokens: int, num_s
     if devices == 1:
         cross_kv = _encode_t5_jit(params, encoder_tokens, config=config)
         return _decode_t5_jit(platform)(params, cross_kv, encoder_tokens, rng, *knobs, **static)
-    params = _place(params, NamedSharding(mesh, P()))
+    params = replicate(params, mesh)
     encoder_tokens = _place(encoder_tokens, NamedSharding(mesh, P(mesh.axis_names)))
     cross_kv = _encode_t5_split(mesh, config)(params, encoder_tokens)
     return _decode_t5_split(mesh, **static)(params, cross_kv, encoder_tokens, rng, *knobs)
+
+
+def replicate(params, mesh: Mesh):
+    """`params` replicated over `mesh`'s devices, as `sample_t5(..., mesh=mesh)` takes them without a copy per
+    call."""
+    return _place(params, NamedSharding(mesh, P()))
 
 
 def _place(tree, sharding: NamedSharding):

@@ -402,7 +402,8 @@ def _text_model_mesh_report(mesh) -> dict:
 
     def recording(params, prompts, rng, **kwargs):
         out = sample_t5(params, prompts, rng, **kwargs)
-        calls.append((prompts.shape[0], len(out.tokens.sharding.device_set)))
+        replicated_on = {len(x.sharding.device_set) for x in jax.tree.leaves(params) if x.sharding.is_fully_replicated}
+        calls.append((prompts.shape[0], len(out.tokens.sharding.device_set), sorted(replicated_on)))
         return out
 
     sampling.sample_t5 = recording
@@ -439,8 +440,9 @@ def test_text_model_splits_its_batches_over_a_mesh(mesh_report):
     same model does on one device."""
     r = mesh_report
     assert r["text_model_greedy_equal"] and r["text_model_log_prob_diff"] < 1e-4, r
-    # (rows, devices) of each call: two batches (3 + 2 texts) of 3 rows on one device, then of 4 rows over the 4
-    assert r["text_model_calls"][:4] == [[3, 1], [3, 1], [4, 4], [4, 4]], r
+    # (rows, devices, devices the parameters arrive replicated on) of each call: two batches (3 + 2 texts) of 3 rows
+    # on one device, then of 4 rows over the 4, whose parameters the model replicated once, not per call
+    assert r["text_model_calls"][:4] == [[3, 1, [1]], [3, 1, [1]], [4, 4, [4]], [4, 4, [4]]], r
     assert r["text_model_sampled_shape"] == [5, [2]], r
 
 
