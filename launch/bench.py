@@ -15,9 +15,10 @@ default device; float32 products then use TF32 on both sides (JAX's default on r
 that many XLA host devices before JAX starts, so the devices' programs run in parallel; `--host-devices 1` measures
 one device.
 
-On Linux the bench first starts itself again with glibc's transparent huge pages for malloc (`refiner_jax.cpu`), as
-`launch/train.py` does; both sides run under it, and the JSON records `glibc_tunables`.
-`GLIBC_TUNABLES=glibc.malloc.hugetlb=0` measures without.
+On Linux the bench first starts itself again with a faster malloc (`refiner_jax.cpu`: jemalloc where installed, else
+glibc's transparent huge pages), as `launch/train.py` does; both sides run under it, and the JSON records `malloc`.
+`REFINER_JAX_MALLOC=glibc` measures with glibc's malloc, adding `GLIBC_TUNABLES=glibc.malloc.hugetlb=0` with its small
+pages.
 """
 from __future__ import annotations
 
@@ -156,7 +157,7 @@ def bench_sample(args) -> dict:
     return {"benchmark": "sample", "preset": args.preset, "config": SAMPLE_PRESETS[args.preset],
             "repeats": args.repeats, "torch_threads": args.torch_threads, "torch_device": args.torch_device,
             "cpu_cores": os.cpu_count(), "max_top_k": args.max_top_k, "jax_devices": str(jax.devices()),
-            "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
+            "malloc": cpu.malloc_in_use(),
             # Other processes on the machine distort both timings (torch's thread pool the most): check these.
             "load_average_1min_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "results": results}
@@ -255,7 +256,7 @@ def bench_train(args) -> dict:
             "batch": args.batch, "input_len": args.input_len, "target_len": args.target_len,
             "repeats": args.repeats, "torch_threads": args.torch_threads, "torch_device": args.torch_device,
             "cpu_cores": os.cpu_count(), "jax_devices": str(jax.devices()), "mesh": dict(mesh.shape),
-            "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
+            "malloc": cpu.malloc_in_use(),
             "ours_s_per_step": round(med["ours"], 4), "transformers_s_per_step": round(med["transformers"], 4),
             "ours_examples_per_s": round(args.batch / med["ours"], 2),
             "transformers_examples_per_s": round(args.batch / med["transformers"], 2),
@@ -295,5 +296,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    cpu.restart_with_huge_pages()
+    cpu.restart_with_fast_malloc()
     main()

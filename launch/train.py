@@ -5,13 +5,13 @@
     python launch/train.py --config=configs/refiner_snlr.py --config.refiner.turns=4 --workdir=...
 
 Rerunning with the same --workdir skips finished stages and resumes an interrupted one. The logic lives in
-`refiner_jax.training.pipeline`; this file only parses flags. On Linux it first starts itself again with glibc's
-transparent huge pages for malloc (`refiner_jax.cpu`: faster XLA:CPU steps; `GLIBC_TUNABLES=glibc.malloc.hugetlb=0`
-opts out).
+`refiner_jax.training.pipeline`; this file only parses flags. On Linux it first starts itself again with a faster
+malloc for XLA:CPU (`refiner_jax.cpu`: jemalloc where installed, else glibc's transparent huge pages;
+`REFINER_JAX_MALLOC=glibc` keeps glibc's malloc, `GLIBC_TUNABLES=glibc.malloc.hugetlb=0` its small pages).
 """
 if __name__ == "__main__":  # before JAX starts or any flag is read
     from refiner_jax import cpu
-    cpu.restart_with_huge_pages()
+    cpu.restart_with_fast_malloc()
 
 import os
 

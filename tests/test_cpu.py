@@ -1,6 +1,7 @@
-"""`refiner_jax.cpu`: when the launchers restart with glibc's huge pages for malloc, and what the restart changes.
+"""`refiner_jax.cpu`: when the launchers restart with a faster malloc (jemalloc, or glibc's huge pages), and what the
+restart changes.
 
-The behaviour check runs a script in a subprocess, as the launchers run: it restarts itself, then counts the page
+The behaviour checks run a script in a subprocess, as the launchers run: it restarts itself, then counts the page
 faults of a jitted function whose temporary buffer glibc maps afresh on every call.
 """
 import json
@@ -55,11 +56,29 @@ def test_nothing_to_add_without_thp_or_a_recent_glibc(linux_glibc_thp, monkeypat
     assert cpu.huge_page_tunables({}) is None
 
 
+def test_jemalloc_is_preloaded_unless_opted_out_or_another_preload_is_set(linux_glibc_thp):
+    jemalloc = "libjemalloc.so.2"
+    assert cpu.malloc_environment({}, jemalloc) == {"LD_PRELOAD": jemalloc, "MALLOC_CONF": cpu.JEMALLOC_CONF}
+    assert cpu.malloc_environment({"MALLOC_CONF": "narenas:2"}, jemalloc) == {"LD_PRELOAD": jemalloc}
+    glibc = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    assert cpu.malloc_environment({cpu.MALLOC_CHOICE: "glibc"}, jemalloc) == glibc
+    assert cpu.malloc_environment({"LD_PRELOAD": "libtcmalloc.so.4"}, jemalloc) == glibc
+    assert cpu.malloc_environment({}, None) == glibc  # not installed
+    assert cpu.malloc_environment({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, None) == {}
+    with pytest.raises(ValueError, match="REFINER_JAX_MALLOC='tcmalloc'.*'jemalloc'.*'glibc'"):
+        cpu.malloc_environment({cpu.MALLOC_CHOICE: "tcmalloc"}, jemalloc)
+
+
+def test_jemalloc_is_looked_for_on_linux_only(monkeypatch):
+    monkeypatch.setattr(cpu.sys, "platform", "darwin")
+    assert cpu.find_jemalloc() is None
+
+
 _SCRIPT = """
 import json, os, resource, sys
 from refiner_jax import cpu
 print("started", flush=True)  # printed once per process: twice when the script restarts
-cpu.restart_with_huge_pages()
+cpu.restart_with_fast_malloc()
 import jax, jax.numpy as jnp
 n = 9 * 2 ** 20  # 36 MiB of float32: above glibc's largest mmap threshold (32 MiB), so mapped on every call
 f = jax.jit(lambda x: jnp.sum(jax.lax.optimization_barrier(jnp.sin(x))))  # the barrier materialises sin(x)
@@ -70,15 +89,21 @@ for _ in range(6):
     f(x).block_until_ready()
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 print(json.dumps({"tunables": os.environ.get("GLIBC_TUNABLES"), "faults": sorted(faults[2:])[1],
-                  "pages": n * 4 // 4096, "argv": sys.argv[1:]}))
+                  "pages": n * 4 // 4096, "argv": sys.argv[1:], "malloc": cpu.malloc_in_use(),
+                  "malloc_conf": os.environ.get("MALLOC_CONF")}))
 """
 
 
-def _run(tmp_path, env_tunables, *python_options, **extra_env):
+def _run(tmp_path, env_tunables, *python_options, malloc="glibc", **extra_env):
+    """Runs `_SCRIPT` with `GLIBC_TUNABLES=env_tunables` (None: unset) and `MALLOC_CHOICE=malloc` (None: unset);
+    returns how often it started and its report."""
     script = tmp_path / "restarting.py"
     script.write_text(_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", cpu._RESTARTED)}
+    unset = ("GLIBC_TUNABLES", "LD_PRELOAD", "MALLOC_CONF", cpu.MALLOC_CHOICE, cpu._RESTARTED)
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     env["PYTHONPATH"] = str(REPO)
+    if malloc is not None:
+        env[cpu.MALLOC_CHOICE] = malloc
     if env_tunables is not None:
         env["GLIBC_TUNABLES"] = env_tunables
     env.update(extra_env)
@@ -115,6 +140,17 @@ def test_a_restarted_process_does_not_restart_again(tmp_path):
 def test_an_interactive_session_is_not_restarted(tmp_path):
     starts, report = _run(tmp_path, None, "-i")  # `python -i script`: the REPL follows the script (stdin: EOF)
     assert starts == 1 and report["tunables"] is None
+
+
+@pytest.mark.skipif(cpu.find_jemalloc() is None, reason="needs jemalloc (Debian/Ubuntu: apt-get install libjemalloc2)")
+def test_restart_preloads_jemalloc_which_reuses_the_temporary_buffer(tmp_path):
+    starts, report = _run(tmp_path, None, malloc=None)
+    assert starts == 2 and report["malloc"] == "jemalloc" and report["malloc_conf"] == cpu.JEMALLOC_CONF
+    assert report["tunables"] is None and report["argv"] == ["--flag=1", "x"]
+    assert report["faults"] <= 2, report  # the freed buffer's pages are reused: no fault per 2 MiB or 4 KiB page
+
+    starts, report = _run(tmp_path, None, malloc="glibc")  # opted out: glibc with huge pages, where it has them
+    assert report["malloc"].startswith("glibc")
 
 
 def test_host_devices_are_added_to_xla_flags_unless_a_count_is_set():
