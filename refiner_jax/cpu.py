@@ -70,10 +70,12 @@ def huge_page_tunables(environ: Mapping[str, str]) -> str | None:
 
 
 def find_jemalloc() -> str | None:
-    """The file name of the system's jemalloc library (e.g. `libjemalloc.so.2`) on Linux, or None."""
+    """The file name of the system's jemalloc library (`libjemalloc.so.2`) on Linux, or None. Releases before 4.0
+    (`libjemalloc.so.1`) lack `JEMALLOC_CONF`'s settings and are not used."""
     if not sys.platform.startswith("linux"):
         return None
-    return ctypes.util.find_library("jemalloc")
+    name = ctypes.util.find_library("jemalloc")
+    return name if name and name.endswith(".so.2") else None
 
 
 def malloc_environment(environ: Mapping[str, str], jemalloc: str | None) -> dict[str, str]:

@@ -69,8 +69,13 @@ def test_jemalloc_is_preloaded_unless_opted_out_or_another_preload_is_set(linux_
         cpu.malloc_environment({cpu.MALLOC_CHOICE: "tcmalloc"}, jemalloc)
 
 
-def test_jemalloc_is_looked_for_on_linux_only(monkeypatch):
+def test_jemalloc_is_looked_for_on_linux_only_and_in_releases_that_know_its_settings(monkeypatch):
+    monkeypatch.setattr(cpu.sys, "platform", "linux")
+    for found, used in (("libjemalloc.so.2", "libjemalloc.so.2"), ("libjemalloc.so.1", None), (None, None)):
+        monkeypatch.setattr(cpu.ctypes.util, "find_library", lambda name, found=found: found)
+        assert cpu.find_jemalloc() == used
     monkeypatch.setattr(cpu.sys, "platform", "darwin")
+    monkeypatch.setattr(cpu.ctypes.util, "find_library", lambda name: "libjemalloc.so.2")
     assert cpu.find_jemalloc() is None
 
 
