@@ -70,8 +70,9 @@ def huge_page_tunables(environ: Mapping[str, str]) -> str | None:
 
 
 def find_jemalloc() -> str | None:
-    """The file name of the system's jemalloc library (`libjemalloc.so.2`) on Linux, or None. Releases before 4.0
-    (`libjemalloc.so.1`) lack `JEMALLOC_CONF`'s settings and are not used."""
+    """The file name of the system's jemalloc library on Linux (`libjemalloc.so.2`, jemalloc 4 and 5), or None.
+    `JEMALLOC_CONF` needs jemalloc 5.1 or later (Debian 11 and Ubuntu 20.04 ship 5.2); jemalloc 3
+    (`libjemalloc.so.1`) has none of its settings and is not used."""
     if not sys.platform.startswith("linux"):
         return None
     name = ctypes.util.find_library("jemalloc")
