@@ -284,3 +284,26 @@ def test_attention_core_gradients_match_autodiff(bias_shape, rate):
     for name, a, b in zip("q k v bias".split(), ours_vjp(g), theirs_vjp(g)):
         assert a.shape == b.shape, name
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+
+def test_product_over_rows_copies_transposes_on_cpu_only():
+    # `_product_over_rows` (kernel gradients; attention's key and value gradients) against hand-worked products,
+    # with either operand the narrower and with batch axes; the transposed copies that steer XLA:CPU to YNNPACK
+    # must not reach GPU or TPU programs, whose libraries read a transposed operand for free.
+    from refiner_jax.models.t5 import _product_over_rows
+
+    a = jnp.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])  # [rows 3, 2]
+    b = jnp.array([[1.0, 0.0, 2.0], [0.0, 1.0, 0.0], [1.0, 1.0, 1.0]])  # [rows 3, 3]
+    a_t_b = np.array([[6.0, 8.0, 7.0], [8.0, 10.0, 10.0]])
+    product = jax.jit(_product_over_rows)
+    np.testing.assert_array_equal(product(a, b), a_t_b)
+    np.testing.assert_array_equal(product(b, a), a_t_b.T)
+    batched = product(jnp.stack([b, 2 * b]), jnp.stack([a, -a]))  # [2, 3, 2]
+    np.testing.assert_array_equal(batched, np.stack([a_t_b.T, -2 * a_t_b.T]))
+    for x, y in [(a, b), (b, a)]:
+        traced = product.trace(x, y)
+        for platform, barrier in [("cpu", True), ("cuda", False), ("tpu", False)]:
+            text = traced.lower(lowering_platforms=(platform,)).as_text()
+            assert ("optimization_barrier" in text) == barrier, platform
+            assert text.count("dot_general") == 1, platform
