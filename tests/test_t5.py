@@ -286,7 +286,6 @@ def test_attention_core_gradients_match_autodiff(bias_shape, rate):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
-
 def test_product_over_rows_copies_transposes_on_cpu_only():
     # `_product_over_rows` (kernel gradients; attention's key and value gradients) against hand-worked products,
     # with either operand the narrower and with batch axes; the transposed copies that steer XLA:CPU to YNNPACK

@@ -633,9 +633,9 @@ def _product_over_rows(a: Array, b: Array) -> Array:
     t5-tiny's kernel gradients about 1.4x and its attention gradients about 1.7x as fast. So on CPU the narrower
     operand is transposed into a buffer of its own, the product runs as (narrower)^T (wider), and its result is
     transposed back when `a` was the wider; optimization barriers keep XLA from folding the transposes back into
-    the product. A t5-tiny train step (2 host devices) took 4-5 ms (3%) less on a 2-core CPU, a t5-small one the
-    same within 1%. Elsewhere the product stays one contraction, which GPU and TPU libraries read transposed for
-    free.
+    the product. On a 2-core CPU a t5-tiny train step took 2-5 ms (2-3%) less on 2 host devices and 6-7% less on
+    one device at the default job's shapes, a t5-small one the same within 1%. Elsewhere the product stays one
+    contraction, which GPU and TPU libraries read transposed for free.
     """
     def swap(x):
         return jnp.swapaxes(x, -1, -2)
