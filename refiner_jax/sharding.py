@@ -188,6 +188,27 @@ def param_shardings(abstract_boxed: Any, mesh: Mesh, rules: Rules = DEFAULT_RULE
     return jax.tree.map(one, abstract_boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
 
 
+def without_mesh_axis(rules: Rules, axis: str) -> tuple[tuple[str, Any], ...]:
+    """``rules`` with mesh axis ``axis`` dropped from every entry: the rules inside a ``shard_map`` that is manual
+    over ``axis``, whose arrays are already split along it."""
+    out = []
+    for name, axes in normalize_rules(rules):
+        names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+        kept = tuple(n for n in names if n != axis)
+        out.append((name, None if not kept else kept[0] if len(kept) == 1 else kept))
+    return tuple(out)
+
+
+def splitting_axes(shardings: Any) -> set[str]:
+    """The mesh axes (of size > 1) along which some ``NamedSharding`` in the tree ``shardings`` splits its array."""
+    out = set()
+    for s in jax.tree.leaves(shardings):
+        for entry in s.spec:
+            names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+            out.update(n for n in names if s.mesh.shape[n] > 1)
+    return out
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     """A fully replicated sharding on ``mesh`` (scalars, RNG keys, step counters)."""
     return NamedSharding(mesh, P())

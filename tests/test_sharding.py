@@ -16,7 +16,7 @@ if __name__ == "__main__":
 import jax  # noqa: E402
 from _devices import run_report  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import AbstractMesh, PartitionSpec as P  # noqa: E402
+from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 from refiner_jax import sharding as shd  # noqa: E402
 
@@ -86,6 +86,20 @@ def test_normalize_rules_from_config_lists():
         shd.normalize_rules([("embed",)])
     with pytest.raises(ValueError, match="'mlp' names mesh axes \\['model'\\]"):
         shd.normalize_rules([("mlp", "model")])
+
+
+def test_without_mesh_axis_drops_it_from_every_rule():
+    rules = [("batch", ["data", "fsdp"]), ("x", ["data", "tensor", "fsdp"]), ("y", "data"), ("embed", "fsdp")]
+    assert shd.without_mesh_axis(rules, "data") == (
+        ("batch", "fsdp"), ("x", ("tensor", "fsdp")), ("y", None), ("embed", "fsdp"))
+
+
+def test_splitting_axes_counts_only_axes_longer_than_one():
+    mesh = AbstractMesh((2, 1, 4), shd.MESH_AXES)
+    tree = {"a": NamedSharding(mesh, P(None, "tensor")), "b": NamedSharding(mesh, P("fsdp")),
+            "c": [NamedSharding(mesh, P(("data", "fsdp"), None))]}
+    assert shd.splitting_axes(tree) == {"data", "tensor"}
+    assert shd.splitting_axes({"b": tree["b"], "d": NamedSharding(mesh, P())}) == set()
 
 
 def test_host_batch_slices_partition_the_global_batch(monkeypatch):

@@ -7,6 +7,7 @@ differences that the tests below assert on.
 import json
 import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -217,6 +218,10 @@ def _max_diff(a, b) -> float:
                for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+_ALL_REDUCE = re.compile(r"= (\([^=]*?\)|\S+) all-reduce(?:-start)?\(")  # the result shape of each all-reduce
+_OTHER_COLLECTIVES = re.compile(r" (all-gather|reduce-scatter|collective-permute|all-to-all)(?:-start)?\(")
+
+
 def _multi_device_report() -> dict:
     from refiner_jax import sharding as shd
     from refiner_jax.models.t5 import T5, preset
@@ -270,6 +275,29 @@ def _multi_device_report() -> dict:
     # Gradient accumulation alone: 4 microbatches (a lax.scan) on the single device.
     compare("single_microbatch4", jax.tree.map(jnp.copy, keep),
             make_train_step(loss_fn, tx, mesh1, sh1, num_microbatches=4))
+    # Pure data parallelism runs by hand (shard_map, one flat all-reduce on CPU), alone and with 2 microbatches.
+    mesh_d8 = shd.make_mesh({"data": -1})
+    sh_d8 = train_state_shardings(init, tx, mesh_d8)
+    step_d8 = make_train_step(loss_fn, tx, mesh_d8, sh_d8)
+    hlo = step_d8.lower(jax.device_put(keep, sh_d8), batch).compile().as_text()
+    report["data8_all_reduce_operands"] = [shape.count("[") for shape in _ALL_REDUCE.findall(hlo)]
+    report["data8_other_collectives"] = _OTHER_COLLECTIVES.findall(hlo)
+    compare("data8", jax.device_put(jax.tree.map(jnp.copy, keep), sh_d8), step_d8)
+    compare("data8_microbatch2", jax.device_put(jax.tree.map(jnp.copy, keep), sh_d8),
+            make_train_step(loss_fn, tx, mesh_d8, sh_d8, num_microbatches=2))
+    # With dropout, every data shard draws its own masks: 8 copies of one row, one per shard, must lose differently.
+    dropout_loss = seq2seq_loss(T5(preset("t5-tiny", num_layers=1, dropout_rate=0.1)).apply)
+
+    def with_squares(params, rows, rng):
+        loss_sum, sums = dropout_loss(params, rows, rng)
+        return loss_sum, {**sums, "square_sum": jnp.square(loss_sum)}  # summed over shards: sum of squared losses
+
+    copies = {k: np.repeat(v[:1], 8, axis=0) for k, v in batch.items()}
+    _, metrics = make_train_step(with_squares, tx, mesh_d8, sh_d8)(
+        jax.device_put(jax.tree.map(jnp.copy, keep), sh_d8), copies)
+    shard_losses_sum, shard_squares_sum = (float(metrics[k]) * float(metrics["tokens"]) for k in ("loss", "square"))
+    report["data8_dropout_spread"] = 8 * shard_squares_sum / shard_losses_sum ** 2 - 1  # 0 iff all shards agree
+
     # data=2, fsdp=2, tensor=2 from the same initial state, with 4 microbatches on top.
     mesh222 = shd.make_mesh((2, 2, 2))
     sh222 = train_state_shardings(init, tx, mesh222)
@@ -296,7 +324,7 @@ def test_born_sharded_init_equals_single_device_init(report):
     assert report["init_diff_fsdp8"] == 0.0
 
 
-@pytest.mark.parametrize("mesh", ["fsdp8", "dp2_fsdp2_tp2_microbatch4"])
+@pytest.mark.parametrize("mesh", ["fsdp8", "dp2_fsdp2_tp2_microbatch4", "data8", "data8_microbatch2"])
 def test_sharded_step_equals_single_device_step(report, mesh):
     r = report[mesh]
     assert r["tokens_equal"]
@@ -304,6 +332,16 @@ def test_sharded_step_equals_single_device_step(report, mesh):
     assert r["grad_norm_rel"] < 1e-5
     assert r["grads_diff"] < 1e-6 + 1e-4 * report["grad_scale"]
     assert r["params_diff"] < 1e-6 + 1e-4 * report["grad_scale"]
+
+
+def test_pure_data_parallel_step_adds_the_shards_in_one_flat_all_reduce(report):
+    # Gradients of every parameter and the metric sums, in one float32 buffer; no other collective.
+    assert report["data8_all_reduce_operands"] == [1]
+    assert report["data8_other_collectives"] == []
+
+
+def test_data_shards_draw_their_own_dropout_masks(report):
+    assert report["data8_dropout_spread"] > 1e-4
 
 
 def test_gradient_accumulation_equals_full_batch(report):

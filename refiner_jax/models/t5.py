@@ -236,8 +236,9 @@ class Dropout(nn.Module):
 
     Same distribution as `nn.Dropout` (keep probability 1 - rate, kept values scaled by 1 / (1 - rate)) and still
     a pure function of the key, but about 14x cheaper on CPU than drawing threefry bits per element, which took a
-    third of a t5-tiny train step. The mask depends only on the key and the element's position in the global
-    array, so it is the same on every mesh.
+    third of a t5-tiny train step. The mask depends only on the key and the element's position in the array the
+    model is given: the global batch under the partitioner, so the same on every mesh it splits; one shard's rows
+    inside a `shard_map` over the batch, whose caller gives each shard its own key.
     """
 
     rate: float

@@ -16,8 +16,10 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
@@ -160,6 +162,19 @@ def _tree_add(a: Any, b: Any) -> Any:
     return jax.tree.map(jnp.add, a, b)
 
 
+def _sum_over(tree: Any, axis: str, flat: bool) -> Any:
+    """``psum`` of ``tree`` over the manual mesh axis ``axis``; with ``flat``, of one float32 buffer holding every
+    leaf. XLA:CPU's devices meet once per operand of an all-reduce: adding the 42 gradients of a t5-tiny step took
+    2.6-2.9 ms on 2 host devices, one buffer 0.5-0.6 ms (profiled steps in which neither device was late)."""
+    if not flat:
+        return jax.lax.psum(tree, axis)
+    leaves, treedef = jax.tree.flatten(tree)
+    summed = jax.lax.psum(jnp.concatenate([x.astype(jnp.float32).ravel() for x in leaves]), axis)
+    offsets = np.cumsum([0] + [x.size for x in leaves])
+    return jax.tree.unflatten(treedef, [summed[a:b].reshape(x.shape).astype(x.dtype)
+                                        for x, a, b in zip(leaves, offsets[:-1], offsets[1:])])
+
+
 def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, mesh: Mesh, state_shardings: TrainState,
                     *, rules: shd.Rules = shd.DEFAULT_RULES, num_microbatches: int = 1,
                     schedule: optax.Schedule | None = None, donate: bool = True) -> ShardedStep:
@@ -169,22 +184,33 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, mesh: Mes
     is split into m interleaved microbatches and a ``lax.scan`` accumulates summed gradients and metrics (float32,
     kept in the parameters' sharding), so peak activation memory is that of one microbatch and the result equals the
     full-batch step (dropout aside: each microbatch draws its own mask). Dropout keys are
-    ``fold_in(fold_in(state.rng, state.step), microbatch)``, deterministic and resumable. ``metrics`` holds the
+    ``fold_in(fold_in(state.rng, state.step), microbatch)`` (by hand, below, the shard's index is folded in between),
+    deterministic and resumable. ``metrics`` holds the
     means from ``mean_metrics``, ``grad_norm`` (before clipping) and, when ``schedule`` is given, ``learning_rate``.
     The input state is donated (its buffers are reused); do not touch it after the call.
+
+    Pure data parallelism (``data > 1``, every parameter whole on every device) runs by hand: each data shard
+    computes its gradient and metric sums inside a ``shard_map``, with its dropout key folded with the shard's
+    index, and the shards add them once per step, after the last microbatch; on CPU as one flat buffer
+    (``_sum_over``). A t5-tiny step on 2 host devices took 2-3.5 ms (1.5-2%) less than with the all-reduce that the
+    partitioner placed, in paired comparisons, and 0.143-0.152 s against 0.160-0.172 s in the bench. Meshes that
+    split parameters (fsdp, tensor) leave every collective to the partitioner, which aborted on a ``shard_map``
+    manual over ``data`` on a data x fsdp x tensor mesh.
     """
     if num_microbatches < 1:
         raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
     batch_sh = shd.batch_sharding(mesh, rules)
-    batch_axes, divisor = batch_sh.spec[0], shd.batch_divisor(mesh, rules)
+    divisor = shd.batch_divisor(mesh, rules)
     m = num_microbatches
+    by_hand = mesh.shape["data"] > 1 and not shd.splitting_axes(state_shardings.params)
+    inner_rules = shd.without_mesh_axis(rules, "data") if by_hand else shd.normalize_rules(rules)
+    batch_axes = shd.batch_sharding(mesh, inner_rules).spec[0]
 
-    def grads_and_sums(params: Any, batch: Batch, step_rng: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
+    def local_grads_and_sums(params: Any, batch: Batch, step_rng: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         if m == 1:
             (_, sums), grads = grad_fn(params, batch, jax.random.fold_in(step_rng, 0))
             return grads, sums
-        _check_microbatching(batch, m, divisor)
         micro = jax.tree.map(lambda x: _split_microbatches(x, m, batch_axes), batch)
         first = jax.tree.map(lambda x: x[0], micro)
         sums_shape = jax.eval_shape(loss_fn, params, first, step_rng)[1]
@@ -202,6 +228,21 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, mesh: Mes
 
         (grads, sums), _ = jax.lax.scan(body, (zero_grads, zero_sums), (jnp.arange(m), micro))
         return grads, sums
+
+    def data_shard(params: Any, batch: Batch, step_rng: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
+        with nn.logical_axis_rules(inner_rules):
+            out = local_grads_and_sums(params, batch, jax.random.fold_in(step_rng, jax.lax.axis_index("data")))
+        return _sum_over(out, "data", flat=mesh.devices.flat[0].platform == "cpu")
+
+    def grads_and_sums(params: Any, batch: Batch, step_rng: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
+        if m > 1:
+            _check_microbatching(batch, m, divisor)
+        if not by_hand:
+            return local_grads_and_sums(params, batch, step_rng)
+        # check_vma=False keeps each shard's gradient of the replicated parameters its own partial sum, for
+        # `_sum_over`; with the check JAX would add them itself, one all-reduce operand per parameter.
+        return jax.shard_map(data_shard, mesh=mesh, in_specs=(P(), P("data"), P()), out_specs=P(),
+                             axis_names={"data"}, check_vma=False)(params, batch, step_rng)
 
     def step_fn(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
         step_rng = jax.random.fold_in(state.rng, state.step)
