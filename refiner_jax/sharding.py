@@ -120,7 +120,7 @@ def normalize_rules(rules: Rules) -> tuple[tuple[str, Any], ...]:
         name, axes = entry
         if isinstance(axes, (list, tuple)):
             axes = tuple(axes) if len(axes) != 1 else axes[0]
-        unknown = {axes} if isinstance(axes, str) else set(axes or ())
+        unknown = set(_axis_names(axes))
         if unknown - set(MESH_AXES):
             raise ValueError(f"logical axis rule for {name!r} names mesh axes {sorted(unknown - set(MESH_AXES))}; "
                              f"the mesh axes are {MESH_AXES}")
@@ -140,11 +140,18 @@ def use_mesh(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Iterator[None]:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def _axis_names(entry: Any) -> tuple[str, ...]:
+    """A rule's or a PartitionSpec's entry (None, one mesh axis, or a tuple of them) as a tuple of mesh axes."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _axis_entry(names: tuple[str, ...]) -> Any:
+    """The inverse of `_axis_names`: None, the one mesh axis, or the tuple."""
+    return None if not names else names[0] if len(names) == 1 else names
+
+
 def _axes_size(mesh: Mesh, axes: Any) -> int:
-    if axes is None:
-        return 1
-    names = (axes,) if isinstance(axes, str) else tuple(axes)
-    return math.prod(mesh.shape[n] for n in names)
+    return math.prod(mesh.shape[n] for n in _axis_names(axes))
 
 
 def fit_spec(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
@@ -157,13 +164,10 @@ def fit_spec(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
     """
     fitted = []
     for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
-        if axes is None:
-            fitted.append(None)
-            continue
-        names = (axes,) if isinstance(axes, str) else tuple(axes)
+        names = _axis_names(axes)
         while names and dim % _axes_size(mesh, names):
             names = names[:-1]
-        fitted.append(None if not names else names[0] if len(names) == 1 else names)
+        fitted.append(_axis_entry(names))
     return P(*fitted)
 
 
@@ -191,22 +195,14 @@ def param_shardings(abstract_boxed: Any, mesh: Mesh, rules: Rules = DEFAULT_RULE
 def without_mesh_axis(rules: Rules, axis: str) -> tuple[tuple[str, Any], ...]:
     """``rules`` with mesh axis ``axis`` dropped from every entry: the rules inside a ``shard_map`` that is manual
     over ``axis``, whose arrays are already split along it."""
-    out = []
-    for name, axes in normalize_rules(rules):
-        names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-        kept = tuple(n for n in names if n != axis)
-        out.append((name, None if not kept else kept[0] if len(kept) == 1 else kept))
-    return tuple(out)
+    return tuple((name, _axis_entry(tuple(n for n in _axis_names(axes) if n != axis)))
+                 for name, axes in normalize_rules(rules))
 
 
 def splitting_axes(shardings: Any) -> set[str]:
     """The mesh axes (of size > 1) along which some ``NamedSharding`` in the tree ``shardings`` splits its array."""
-    out = set()
-    for s in jax.tree.leaves(shardings):
-        for entry in s.spec:
-            names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-            out.update(n for n in names if s.mesh.shape[n] > 1)
-    return out
+    return {n for s in jax.tree.leaves(shardings) for entry in s.spec for n in _axis_names(entry)
+            if s.mesh.shape[n] > 1}
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

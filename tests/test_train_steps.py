@@ -225,8 +225,11 @@ _OTHER_COLLECTIVES = re.compile(r" (all-gather|reduce-scatter|collective-permute
 def _multi_device_report() -> dict:
     from refiner_jax import sharding as shd
     from refiner_jax.models.t5 import T5, preset
+    from jax.sharding import PartitionSpec as P
+
     from refiner_jax.training import (create_train_state, make_eval_step, make_train_step, seq2seq_loss,
                                       train_state_shardings)
+    from refiner_jax.training.steps import _sum_over
 
     assert jax.device_count() == 8, jax.devices()
     model = T5(preset("t5-tiny", num_layers=1, dropout_rate=0.0))
@@ -285,6 +288,18 @@ def _multi_device_report() -> dict:
     compare("data8", jax.device_put(jax.tree.map(jnp.copy, keep), sh_d8), step_d8)
     compare("data8_microbatch2", jax.device_put(jax.tree.map(jnp.copy, keep), sh_d8),
             make_train_step(loss_fn, tx, mesh_d8, sh_d8, num_microbatches=2))
+    # `_sum_over` in both forms against numpy: integers in float32 and bfloat16 leaves add up exactly.
+    parts = {"w": np.arange(48, dtype=np.float32).reshape(8, 2, 3),
+             "b": (np.arange(32) % 5).reshape(8, 4).astype(jnp.bfloat16), "n": np.arange(8, dtype=np.float32)}
+    for flat in (True, False):
+        add = jax.jit(jax.shard_map(lambda t: _sum_over(jax.tree.map(lambda x: x[0], t), "data", flat), mesh=mesh_d8,
+                                    in_specs=P("data"), out_specs=P(), check_vma=False))
+        summed = add(parts)
+        report[f"sum_over_flat_{flat}"] = {
+            k: [str(summed[k].dtype), summed[k].shape == v.shape[1:],
+                float(np.max(np.abs(np.asarray(summed[k], np.float64) - v.astype(np.float64).sum(0))))]
+            for k, v in parts.items()}
+
     # With dropout, every data shard draws its own masks: 8 copies of one row, one per shard, must lose differently.
     dropout_loss = seq2seq_loss(T5(preset("t5-tiny", num_layers=1, dropout_rate=0.1)).apply)
 
@@ -338,6 +353,12 @@ def test_pure_data_parallel_step_adds_the_shards_in_one_flat_all_reduce(report):
     # Gradients of every parameter and the metric sums, in one float32 buffer; no other collective.
     assert report["data8_all_reduce_operands"] == [1]
     assert report["data8_other_collectives"] == []
+
+
+@pytest.mark.parametrize("flat", [True, False])
+def test_sum_over_data_shards_matches_numpy_and_keeps_dtypes(report, flat):
+    assert report[f"sum_over_flat_{flat}"] == {"w": ["float32", True, 0.0], "b": ["bfloat16", True, 0.0],
+                                               "n": ["float32", True, 0.0]}
 
 
 def test_data_shards_draw_their_own_dropout_masks(report):
