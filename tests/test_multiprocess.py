@@ -1,6 +1,7 @@
 """A whole REFINER run split over two processes (2 virtual CPU devices each, gloo collectives) against the same
 run in one process on the same 4-device mesh: same parameters after every stage (to 1e-6), same metrics (floats
-to 1e-6) and results, and the run's files written once."""
+to 1e-6) and results, and the run's files written once. Two meshes: data 2 x fsdp 2, where the partitioner places
+every collective, and data 4, whose train steps add the shards' gradients by hand (`training.steps`)."""
 import json
 import os
 import socket
@@ -23,10 +24,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(workdir, *args):
+def _start(workdir, mesh, *args):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     return subprocess.Popen([sys.executable, WORKER, str(workdir), "--devices", "2" if args else "4",
-                             "--mesh", "2,2,1", *args], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                             "--mesh", mesh, *args], env=env, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
@@ -41,11 +42,13 @@ def _metrics(workdir):
     return [keep(json.loads(line)) for line in open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8")]
 
 
-def test_two_processes_train_like_one(tmp_path):
+@pytest.mark.parametrize("mesh", ["2,2,1", "4,1,1"])
+def test_two_processes_train_like_one(tmp_path, mesh):
     one, two = tmp_path / "one", tmp_path / "two"
-    _finish(_start(one), "the one-process run")
+    _finish(_start(one, mesh), "the one-process run")
     address = f"localhost:{_free_port()}"
-    procs = [_start(two, "--coordinator", address, "--num_processes", "2", "--process_id", str(i)) for i in (0, 1)]
+    procs = [_start(two, mesh, "--coordinator", address, "--num_processes", "2", "--process_id", str(i))
+             for i in (0, 1)]
     outs = [_finish(p, f"process {i}") for i, p in enumerate(procs)]
     assert "[timings]" in outs[0] and "[timings]" not in outs[1] and "[data]" not in outs[1]  # process 0 reports
 
