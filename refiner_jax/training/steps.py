@@ -185,9 +185,9 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, mesh: Mes
     kept in the parameters' sharding), so peak activation memory is that of one microbatch and the result equals the
     full-batch step (dropout aside: each microbatch draws its own mask). Dropout keys are
     ``fold_in(fold_in(state.rng, state.step), microbatch)`` (by hand, below, the shard's index is folded in between),
-    deterministic and resumable. ``metrics`` holds the
-    means from ``mean_metrics``, ``grad_norm`` (before clipping) and, when ``schedule`` is given, ``learning_rate``.
-    The input state is donated (its buffers are reused); do not touch it after the call.
+    deterministic and resumable. ``metrics`` holds the means from ``mean_metrics``, ``grad_norm`` (before clipping)
+    and, when ``schedule`` is given, ``learning_rate``. The input state is donated (its buffers are reused); do not
+    touch it after the call.
 
     Pure data parallelism (``data > 1``, every parameter whole on every device) runs by hand: each data shard
     computes its gradient and metric sums inside a ``shard_map``, with its dropout key folded with the shard's
