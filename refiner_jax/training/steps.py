@@ -203,7 +203,7 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, mesh: Mes
     divisor = shd.batch_divisor(mesh, rules)
     m = num_microbatches
     by_hand = mesh.shape["data"] > 1 and not shd.splitting_axes(state_shardings.params)
-    inner_rules = shd.without_mesh_axis(rules, "data") if by_hand else shd.normalize_rules(rules)
+    inner_rules = shd.without_mesh_axis(rules, "data") if by_hand else rules
     batch_axes = shd.batch_sharding(mesh, inner_rules).spec[0]
 
     def local_grads_and_sums(params: Any, batch: Batch, step_rng: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
