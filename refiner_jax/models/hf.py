@@ -110,7 +110,8 @@ def name_map(config: T5Config) -> list[Row]:
     return rows
 
 
-def _get(tree: dict, path: Path):
+def get_param(tree: dict, path: Path):
+    """The leaf of a nested params dict at `path`; a KeyError naming the path when it is missing."""
     for key in path:
         if not isinstance(tree, dict) or key not in tree:
             raise KeyError(f"parameter {'/'.join(path)} is missing from the params tree")
@@ -118,7 +119,8 @@ def _get(tree: dict, path: Path):
     return tree
 
 
-def _set(tree: dict, path: Path, value) -> None:
+def set_param(tree: dict, path: Path, value) -> None:
+    """Puts `value` at `path` of a nested params dict, making the dicts on the way."""
     for key in path[:-1]:
         tree = tree.setdefault(key, {})
     tree[path[-1]] = value
@@ -135,7 +137,7 @@ def _expected_shape(path: Path, config: T5Config) -> tuple[int, ...]:
         tokens = jax.ShapeDtypeStruct((1, 1), np.int32)
         abstract = jax.eval_shape(lambda t: T5(config).init(jax.random.key(0), t, t), tokens)["params"]
         shapes = _expected_shape.cache[config] = meta.unbox(abstract)
-    return tuple(_get(shapes, path).shape)
+    return tuple(get_param(shapes, path).shape)
 
 
 _expected_shape.cache = {}
@@ -165,7 +167,7 @@ def params_from_state_dict(config: T5Config, state: dict[str, np.ndarray]) -> di
         if value.shape != expected:
             raise ValueError(f"tensor {theirs!r} has shape {tuple(state[theirs].shape)}, which maps to "
                              f"{value.shape} but parameter {'/'.join(ours)} needs {expected}")
-        _set(params, ours, value.astype(dtype))
+        set_param(params, ours, value.astype(dtype))
     return params
 
 
@@ -173,11 +175,12 @@ def state_dict_from_params(config: T5Config, params: dict) -> dict[str, np.ndarr
     """transformers-named float32 numpy tensors from our params tree."""
     state = {}
     for ours, theirs, to_hf, _ in name_map(config):
-        state[theirs] = np.ascontiguousarray(to_hf(np.asarray(_get(params, ours), dtype=np.float32)))
+        state[theirs] = np.ascontiguousarray(to_hf(np.asarray(get_param(params, ours), dtype=np.float32)))
     return state
 
 
-def _read_state_dict(directory: pathlib.Path) -> dict[str, np.ndarray]:
+def read_state_dict(directory: pathlib.Path) -> dict[str, np.ndarray]:
+    """Every tensor of a transformers checkpoint directory (safetensors, sharded or not, or a PyTorch pickle)."""
     single = directory / "model.safetensors"
     index = directory / "model.safetensors.index.json"
     if single.is_file():
@@ -208,7 +211,8 @@ def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
         return {k: np.asarray(f.get_tensor(k)) for k in f.keys()}
 
 
-def _resolve(name_or_dir: str | os.PathLike) -> pathlib.Path:
+def resolve_checkpoint(name_or_dir: str | os.PathLike) -> pathlib.Path:
+    """A local checkpoint directory, or a hub name's snapshot (fetched only when the machine is online)."""
     path = pathlib.Path(name_or_dir).expanduser()
     if path.is_dir():
         return path
@@ -232,12 +236,12 @@ def load_t5(name_or_dir: str | os.PathLike, **config_overrides) -> tuple[T5Confi
 
     `config_overrides` change numerics fields such as `dtype`, `param_dtype`, `dropout_rate` or `remat`.
     """
-    directory = _resolve(name_or_dir)
+    directory = resolve_checkpoint(name_or_dir)
     config_file = directory / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{config_file} is missing: a transformers T5 checkpoint directory needs config.json")
     config = config_from_hf(json.loads(config_file.read_text())).replace(**config_overrides)
-    return config, params_from_state_dict(config, _read_state_dict(directory))
+    return config, params_from_state_dict(config, read_state_dict(directory))
 
 
 def save_t5(config: T5Config, params: dict, directory: str | os.PathLike) -> pathlib.Path:

@@ -1,0 +1,473 @@
+"""Decoder-only causal language models in Flax Linen: GPT-2 and the Llama family (Llama, Qwen2, Mistral).
+
+One `Decoder` covers both families through `DecoderConfig`:
+  * GPT-2: learned positions, LayerNorm with bias, tanh-gelu MLP, a bias on every projection, tied output layer;
+  * Llama family: rotary positions in transformers' rotate-half layout (pair i is dims i and i + head_dim/2),
+    RMSNorm, SwiGLU MLP, grouped-query attention (`num_kv_heads` < `num_heads`), no biases except Qwen2's on
+    query/key/value, tied or untied output layer; rotary frequencies optionally rescaled ('linear', 'llama3').
+Both are pre-norm with a final norm and scale attention logits by head_dim**-0.5. Norm statistics, softmax and
+logits are float32.
+
+Entry points (pure `model.apply` methods; the module-level functions wrap them for a params tree):
+  `__call__`       teacher-forced next-token logits `[batch, len, vocab]`;
+  `hidden_states`  the final-norm hidden states `[batch, len, d_model]` (for reward or value heads);
+  `prefill`        one pass over a batch of prompts into an explicit KV cache pytree (`init_cache`);
+  `decode_step`    one token per row against the cache; `greedy_generate` loops it in one jitted scan.
+
+Padding: a mask marks the real tokens; positions count real tokens only (each row's first real token is at 0), as
+transformers' `generate` numbers left-padded prompts. `prefill` takes left- or right-padded prompts: left padding
+(transformers' convention) keeps each row's new tokens right after its prompt; right-padded rows keep their
+padding slots in the cache, masked.
+
+Every parameter carries logical axis names (`vocab`, `embed`, `heads`, `kv`, `mlp`, `length` for the learned
+position table); the kv heads of grouped-query attention use `heads` too (`sharding.fit_spec` replicates them when
+the tensor axis does not divide their number). Activations carry `batch` and `activation_*` names.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from refiner_jax.models.t5 import Dropout
+
+_MASK_VALUE = -1e10  # added to masked attention logits (float32)
+_DTYPES = ("float32", "bfloat16", "float16")
+ROPE_TYPES = ("default", "linear", "llama3")
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+    """Architecture and numerics of a decoder-only LM. Hashable, so it can be a static jit argument.
+
+    `num_kv_heads` and `head_dim` default (None) to `num_heads` and `d_model // num_heads`. Token ids come from the
+    checkpoint's config; `eos_id` may be a tuple when a model has several end tokens.
+    """
+
+    vocab_size: int = 50257
+    d_model: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    d_ff: int = 3072
+    max_positions: int = 1024
+    position: str = "learned"  # "learned" (GPT-2) or "rope"
+    rope_theta: float = 10000.0
+    rope_type: str = "default"  # "default", "linear" or "llama3" rescaling of the rotary frequencies
+    rope_factor: float = 1.0  # linear and llama3
+    rope_low_freq_factor: float = 1.0  # llama3
+    rope_high_freq_factor: float = 4.0  # llama3
+    rope_original_max_positions: int = 8192  # llama3
+    norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm"
+    norm_eps: float = 1e-5
+    mlp: str = "gelu"  # "gelu" (tanh approximation, GPT-2's gelu_new) or "swiglu"
+    qkv_bias: bool = True
+    out_bias: bool = True  # attention output projection
+    mlp_bias: bool = True
+    tie_embeddings: bool = True  # output layer = token embedding transposed
+    dropout_rate: float = 0.0  # embeddings, attention weights and residual branches
+    initializer_range: float = 0.02
+    dtype: str = "float32"  # compute dtype ("bfloat16" on accelerators)
+    param_dtype: str = "float32"
+    remat: bool = False  # rematerialise each layer's activations in the backward pass
+    pad_id: int | None = None
+    bos_id: int | None = None
+    eos_id: int | tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.num_kv_heads is None:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.d_model // max(self.num_heads, 1))
+        if isinstance(self.eos_id, list):
+            object.__setattr__(self, "eos_id", tuple(self.eos_id))
+        choices = {"position": ("learned", "rope"), "rope_type": ROPE_TYPES, "norm": ("layernorm", "rmsnorm"),
+                   "mlp": ("gelu", "swiglu"), "dtype": _DTYPES, "param_dtype": _DTYPES}
+        for field, allowed in choices.items():
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"DecoderConfig.{field} must be one of {allowed}, got {getattr(self, field)!r}")
+        for field in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "d_ff",
+                      "max_positions"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"DecoderConfig.{field} must be positive, got {getattr(self, field)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.position == "rope" and self.head_dim % 2:
+            raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return () if self.eos_id is None else tuple(np.atleast_1d(self.eos_id).tolist())
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+    @property
+    def weight_dtype(self):
+        return jnp.dtype(self.param_dtype)
+
+    def replace(self, **changes) -> "DecoderConfig":
+        return dataclasses.replace(self, **changes)
+
+
+_GPT2 = dict(position="learned", norm="layernorm", norm_eps=1e-5, mlp="gelu", qkv_bias=True, out_bias=True,
+             mlp_bias=True, tie_embeddings=True)
+_LLAMA = dict(position="rope", norm="rmsnorm", norm_eps=1e-6, mlp="swiglu", qkv_bias=False, out_bias=False,
+              mlp_bias=False)
+
+PRESETS: dict[str, DecoderConfig] = {
+    "gpt2-tiny": DecoderConfig(vocab_size=512, d_model=64, num_layers=2, num_heads=4, d_ff=256, max_positions=256,
+                               bos_id=1, eos_id=1, **_GPT2),
+    "llama-tiny": DecoderConfig(vocab_size=512, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=176,
+                                max_positions=512, tie_embeddings=False, bos_id=1, eos_id=2, **_LLAMA),
+    "gpt2": DecoderConfig(vocab_size=50257, d_model=768, num_layers=12, num_heads=12, d_ff=3072,
+                          max_positions=1024, bos_id=50256, eos_id=50256, **_GPT2),
+    "qwen2.5-0.5b": DecoderConfig(vocab_size=151936, d_model=896, num_layers=24, num_heads=14, num_kv_heads=2,
+                                  d_ff=4864, max_positions=32768, rope_theta=1e6, tie_embeddings=True,
+                                  bos_id=151643, eos_id=151643, **dict(_LLAMA, qkv_bias=True)),
+}
+
+# Hub names of the presets' released checkpoints (for `models.hf_decoder.load_decoder` when online).
+HUB_NAMES = {"gpt2": "openai-community/gpt2", "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B"}
+
+
+def preset(name: str, **overrides) -> DecoderConfig:
+    """The named architecture (`PRESETS`), with optional field overrides (e.g. `dtype="bfloat16"`)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown decoder preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name].replace(**overrides)
+
+
+@functools.lru_cache(maxsize=64)
+def rope_frequencies(config: DecoderConfig) -> np.ndarray:
+    """Rotation frequency of each dimension pair, `[head_dim // 2]` float32, rescaled as transformers does for rope
+    types 'linear' (all divided by the factor) and 'llama3' (long wavelengths divided, short kept, blended between)."""
+    dim = config.head_dim
+    freq = np.float32(1.0) / np.float32(config.rope_theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+    if config.rope_type == "linear":
+        freq = freq / np.float32(config.rope_factor)
+    elif config.rope_type == "llama3":
+        factor, low, high = config.rope_factor, config.rope_low_freq_factor, config.rope_high_freq_factor
+        context = config.rope_original_max_positions
+        wavelength = 2 * np.pi / freq
+        scaled = np.where(wavelength > context / low, freq / factor, freq)
+        smooth = (context / wavelength - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelength >= context / high) & (wavelength <= context / low)
+        freq = np.where(medium, blended, scaled)
+    return freq.astype(np.float32)
+
+
+def _rope(x: Array, positions: Array, frequencies: np.ndarray) -> Array:
+    """`x` [batch, len, heads, head_dim] rotated by angle position * frequency (`positions` [batch, len])."""
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(frequencies)  # [batch, len, head_dim/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [batch, len, 1, head_dim]
+    cos, sin = jnp.cos(angles).astype(x.dtype), jnp.sin(angles).astype(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+def _param(module: nn.Module, name: str, init, axes: tuple[str, ...], shape: tuple[int, ...]) -> Array:
+    return module.param(name, nn.with_logical_partitioning(init, axes), shape, module.config.weight_dtype)
+
+
+_normal = nn.initializers.normal  # (stddev)
+_ZEROS = nn.initializers.zeros_init()
+_EMBED = ("batch", "activation_length", "activation_embed")
+
+
+def _positions(mask: Array) -> Array:
+    """Position ids `[batch, len]` int32 counting real tokens (`mask` True) from 0; 0 before a row's first."""
+    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
+
+
+def _bias(visible: Array) -> Array:
+    """`[batch, q, k]` bool (True = attend) -> additive attention bias `[batch, 1, q, k]` (float32)."""
+    return jnp.where(visible, 0.0, _MASK_VALUE).astype(jnp.float32)[:, None]
+
+
+def _causal_bias(mask: Array) -> Array:
+    """Bias `[batch, 1, len, len]` letting each token see itself and the earlier real tokens (`mask` [batch, len])."""
+    length = mask.shape[1]
+    return _bias(jnp.tril(jnp.ones((length, length), bool))[None] & mask[:, None, :])
+
+
+class Norm(nn.Module):
+    """LayerNorm (scale and bias) or RMSNorm (scale only), statistics in float32."""
+
+    config: DecoderConfig
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        cfg = self.config
+        scale = _param(self, "scale", nn.initializers.ones, ("embed",), (x.shape[-1],))
+        x32 = x.astype(jnp.float32)
+        if cfg.norm == "rmsnorm":
+            y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + cfg.norm_eps)
+            return y.astype(cfg.compute_dtype) * scale.astype(cfg.compute_dtype)
+        bias = _param(self, "bias", _ZEROS, ("embed",), (x.shape[-1],))
+        centred = x32 - jnp.mean(x32, axis=-1, keepdims=True)
+        y = centred * jax.lax.rsqrt(jnp.mean(centred * centred, axis=-1, keepdims=True) + cfg.norm_eps)
+        return (y * scale.astype(jnp.float32) + bias.astype(jnp.float32)).astype(cfg.compute_dtype)
+
+
+class Attention(nn.Module):
+    """Causal multi-head attention with grouped-query key/value heads."""
+
+    config: DecoderConfig
+
+    def setup(self):
+        cfg = self.config
+        d, h, kv, hd = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        init = _normal(cfg.initializer_range)
+        self.query = _param(self, "query", init, ("embed", "heads", "kv"), (d, h, hd))
+        self.key = _param(self, "key", init, ("embed", "heads", "kv"), (d, kv, hd))
+        self.value = _param(self, "value", init, ("embed", "heads", "kv"), (d, kv, hd))
+        # GPT-2's residual-projection scaling: std / sqrt(2 * layers).
+        self.out = _param(self, "out", _normal(cfg.initializer_range / np.sqrt(2 * cfg.num_layers)),
+                          ("heads", "kv", "embed"), (h, hd, d))
+        if cfg.qkv_bias:
+            self.query_bias = _param(self, "query_bias", _ZEROS, ("heads", "kv"), (h, hd))
+            self.key_bias = _param(self, "key_bias", _ZEROS, ("heads", "kv"), (kv, hd))
+            self.value_bias = _param(self, "value_bias", _ZEROS, ("heads", "kv"), (kv, hd))
+        if cfg.out_bias:
+            self.out_bias = _param(self, "out_bias", _ZEROS, ("embed",), (d,))
+        self.dropout = Dropout(cfg.dropout_rate)
+
+    def project(self, x: Array, positions: Array) -> tuple[Array, Array, Array]:
+        """`x` [batch, len, d_model] -> queries `[batch, len, heads, head_dim]` and keys, values
+        `[batch, kv_heads, len, head_dim]` (heads-major, the cache layout), rotary positions applied."""
+        cfg = self.config
+        dt = cfg.compute_dtype
+        x = x.astype(dt)
+        q, k, v = (jnp.einsum("bld,dhk->blhk", x, w.astype(dt)) for w in (self.query, self.key, self.value))
+        if cfg.qkv_bias:
+            q, k, v = q + self.query_bias.astype(dt), k + self.key_bias.astype(dt), v + self.value_bias.astype(dt)
+        if cfg.position == "rope":
+            frequencies = rope_frequencies(cfg)
+            q, k = _rope(q, positions, frequencies), _rope(k, positions, frequencies)
+        q = nn.with_logical_constraint(q, ("batch", "activation_length", "activation_heads", "activation_kv"))
+        names = ("batch", "activation_heads", "activation_length", "activation_kv")
+        k, v = (nn.with_logical_constraint(t.transpose(0, 2, 1, 3), names) for t in (k, v))
+        return q, k, v
+
+    def attend(self, q: Array, k: Array, v: Array, bias: Array, deterministic: bool) -> Array:
+        """Queries `q` [batch, q, heads, head_dim] over keys and values `[batch, kv_heads, k, head_dim]`, with
+        `bias` (float32, `[batch, 1, q or 1, k]`) -> `[batch, q, d_model]`."""
+        cfg = self.config
+        dt = cfg.compute_dtype
+        b, q_len, h, hd = q.shape
+        kv = k.shape[1]
+        # Query head i reads kv head i // (h // kv), the order of transformers' repeat_kv.
+        q = q.reshape(b, q_len, kv, h // kv, hd)
+        logits = jnp.einsum("bqhgd,bhkd->bhgqk", q, k.astype(dt)).astype(jnp.float32) * hd ** -0.5
+        weights = jax.nn.softmax(logits + bias[:, :, None], axis=-1).astype(dt)  # [batch, kv, groups, q, k]
+        weights = self.dropout(weights, deterministic=deterministic)
+        ctx = jnp.einsum("bhgqk,bhkd->bqhgd", weights, v.astype(dt)).reshape(b, q_len, h * hd)
+        out = ctx @ self.out.astype(dt).reshape(h * hd, cfg.d_model)
+        if cfg.out_bias:
+            out = out + self.out_bias.astype(dt)
+        return nn.with_logical_constraint(out, _EMBED)
+
+
+class MLP(nn.Module):
+    """Feed-forward block: tanh-gelu (GPT-2) or SwiGLU, silu(x W_gate) * (x W_up) (Llama family)."""
+
+    config: DecoderConfig
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        cfg = self.config
+        dt = cfg.compute_dtype
+
+        def dense(name: str, y: Array, axes: tuple[str, str], std: float) -> Array:
+            shape = (y.shape[-1], cfg.d_ff if axes[1] == "mlp" else cfg.d_model)
+            y = y @ _param(self, name, _normal(std), axes, shape).astype(dt)
+            if cfg.mlp_bias:
+                y = y + _param(self, f"{name}_bias", _ZEROS, axes[1:], shape[1:]).astype(dt)
+            return y
+
+        x = x.astype(dt)
+        std = cfg.initializer_range
+        if cfg.mlp == "swiglu":
+            h = jax.nn.silu(dense("wi_0", x, ("embed", "mlp"), std)) * dense("wi_1", x, ("embed", "mlp"), std)
+        else:
+            h = jax.nn.gelu(dense("wi", x, ("embed", "mlp"), std), approximate=True)
+        h = nn.with_logical_constraint(h, ("batch", "activation_length", "activation_mlp"))
+        return dense("wo", h, ("mlp", "embed"), std / np.sqrt(2 * cfg.num_layers))
+
+
+class Layer(nn.Module):
+    """Pre-norm block: x + attention(norm(x)), then x + mlp(norm(x))."""
+
+    config: DecoderConfig
+
+    def setup(self):
+        self.attention_norm = Norm(self.config)
+        self.attention = Attention(self.config)
+        self.mlp_norm = Norm(self.config)
+        self.mlp = MLP(self.config)
+        self.dropout = Dropout(self.config.dropout_rate)
+
+    def __call__(self, x: Array, positions: Array, bias: Array, deterministic: bool, cache: dict | None = None,
+                 index: Array | None = None) -> tuple[Array, dict]:
+        """`x` [batch, len, d_model] at `positions` [batch, len] -> (output, the keys and values attended over).
+
+        Without `cache`, the tokens attend among themselves. With `cache` (this layer's `'k'`, `'v'`
+        `[batch, kv_heads, max_len, head_dim]`), their keys and values are first written at slot `index` and the
+        tokens attend over the whole cache; `bias` masks the slots not to read.
+        """
+        q, k, v = self.attention.project(self.attention_norm(x), positions)
+        if cache is not None:
+            k, v = (jax.lax.dynamic_update_slice(cache[n], t.astype(cache[n].dtype), (0, 0, index, 0))
+                    for n, t in (("k", k), ("v", v)))
+        attended = self.attention.attend(q, k, v, bias, deterministic)
+        x = x + self.dropout(attended, deterministic=deterministic)
+        x = x + self.dropout(self.mlp(self.mlp_norm(x)), deterministic=deterministic)
+        return nn.with_logical_constraint(x, _EMBED), {"k": k, "v": v}
+
+
+class Decoder(nn.Module):
+    """The decoder-only LM. Parameters: `token_embedder`, `position_embedder` (learned positions only),
+    `layers_{i}/*`, `final_norm`, `lm_head` (untied only); `models.hf_decoder` maps them to transformers names."""
+
+    config: DecoderConfig
+
+    def setup(self):
+        cfg = self.config
+        init = _normal(cfg.initializer_range)
+        self.token_embedder = _param(self, "token_embedder", init, ("vocab", "embed"), (cfg.vocab_size, cfg.d_model))
+        if cfg.position == "learned":
+            self.position_embedder = _param(self, "position_embedder", init, ("length", "embed"),
+                                            (cfg.max_positions, cfg.d_model))
+        # `deterministic` (positional argument 4, counting self) is static under remat.
+        layer = nn.remat(Layer, static_argnums=(4,)) if cfg.remat else Layer
+        self.layers = [layer(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
+        self.final_norm = Norm(cfg)
+        if not cfg.tie_embeddings:
+            self.lm_head = _param(self, "lm_head", init, ("embed", "vocab"), (cfg.d_model, cfg.vocab_size))
+        self.dropout = Dropout(cfg.dropout_rate)
+
+    def _embed(self, tokens: Array, positions: Array) -> Array:
+        dt = self.config.compute_dtype
+        x = jnp.take(self.token_embedder, tokens, axis=0).astype(dt)  # [batch, len, d_model]
+        if self.config.position == "learned":
+            x = x + jnp.take(self.position_embedder, positions, axis=0).astype(dt)
+        return nn.with_logical_constraint(x, _EMBED)
+
+    def hidden_states(self, tokens: Array, positions: Array | None = None, attention_mask: Array | None = None,
+                      deterministic: bool = True) -> Array:
+        """Final-norm hidden states `[batch, len, d_model]` of `tokens` [batch, len].
+
+        `attention_mask` [batch, len] is True (or 1) at real tokens; padding is never attended to. `positions`
+        defaults to counting real tokens from 0 in each row.
+        """
+        mask = jnp.ones(tokens.shape, bool) if attention_mask is None else attention_mask.astype(bool)
+        if positions is None:
+            positions = _positions(mask)
+        bias = _causal_bias(mask)
+        x = self.dropout(self._embed(tokens, positions), deterministic=deterministic)
+        for layer in self.layers:
+            x, _ = layer(x, positions, bias, deterministic, None, None)
+        return self.final_norm(x)
+
+    def __call__(self, tokens: Array, positions: Array | None = None, attention_mask: Array | None = None,
+                 deterministic: bool = True) -> Array:
+        """Next-token logits `[batch, len, vocab]` (float32); arguments as in `hidden_states`."""
+        return self.logits(self.hidden_states(tokens, positions, attention_mask, deterministic))
+
+    def logits(self, h: Array) -> Array:
+        """Hidden states `[batch, len, d_model]` -> logits `[batch, len, vocab]` (float32)."""
+        dt = self.config.compute_dtype
+        kernel = self.token_embedder.astype(dt).T if self.config.tie_embeddings else self.lm_head.astype(dt)
+        logits = (h.astype(dt) @ kernel).astype(jnp.float32)
+        return nn.with_logical_constraint(logits, ("batch", "activation_length", "activation_vocab"))
+
+    def prefill(self, tokens: Array, mask: Array, cache: dict) -> tuple[Array, dict]:
+        """Runs prompts `tokens` [batch, P] (real tokens where `mask` [batch, P] is True, left- or right-padded) in
+        one pass and writes their keys and values into slots 0..P-1 of the empty `cache` (P <= its max_len).
+        Returns the logits `[batch, vocab]` after each row's last real token, and the cache."""
+        mask = mask.astype(bool)
+        positions = _positions(mask)
+        length = tokens.shape[1]
+        bias = _causal_bias(mask)
+        x = self._embed(tokens, positions)
+        layers = []
+        for layer, layer_cache in zip(self.layers, cache["layers"]):
+            x, kv = layer(x, positions, bias, True, None, None)
+            layers.append({name: jax.lax.dynamic_update_slice(layer_cache[name], kv[name].astype(
+                layer_cache[name].dtype), (0, 0, 0, 0)) for name in ("k", "v")})
+        last = jnp.max(jnp.where(mask, jnp.arange(length), 0), axis=1)  # [batch] slot of the last real token
+        h = self.final_norm(jnp.take_along_axis(x, last[:, None, None], axis=1))  # [batch, 1, d_model]
+        valid = jax.lax.dynamic_update_slice(jnp.zeros_like(cache["valid"]), mask, (0, 0))
+        return self.logits(h)[:, 0], {"layers": tuple(layers), "valid": valid, "index": jnp.int32(length),
+                                      "position": jnp.sum(mask, axis=1, dtype=jnp.int32)}
+
+    def decode_step(self, token: Array, cache: dict) -> tuple[Array, dict]:
+        """Logits `[batch, vocab]` after one more token per row (`token` [batch]), and the updated cache."""
+        index, position = cache["index"], cache["position"]
+        valid = jax.lax.dynamic_update_slice(cache["valid"], jnp.ones((token.shape[0], 1), bool), (0, index))
+        bias = _bias(valid[:, None, :])  # [batch, 1, 1, max_len]
+        x = self._embed(token[:, None], position[:, None])
+        layers = []
+        for layer, layer_cache in zip(self.layers, cache["layers"]):
+            x, kv = layer(x, position[:, None], bias, True, layer_cache, index)
+            layers.append(kv)
+        logits = self.logits(self.final_norm(x))[:, 0]
+        return logits, {"layers": tuple(layers), "valid": valid, "index": index + 1, "position": position + 1}
+
+
+def init_cache(config: DecoderConfig, batch: int, max_len: int) -> dict:
+    """Empty KV cache for `batch` rows of up to `max_len` tokens (prompt and generated). A pytree of:
+      `layers`: per layer `{'k', 'v'}` `[batch, kv_heads, max_len, head_dim]` (compute dtype);
+      `valid`: `[batch, max_len]` bool, the slots holding real tokens;
+      `index`: scalar int32, the slot the next token is written to (the same for every row);
+      `position`: `[batch]` int32, the position id of each row's next token.
+    Writing past `max_len` is not checked: size it for the prompt plus every generated token.
+    """
+    shape = (batch, config.num_kv_heads, max_len, config.head_dim)
+    dt = config.compute_dtype
+    return {"layers": tuple({"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt)} for _ in range(config.num_layers)),
+            "valid": jnp.zeros((batch, max_len), bool), "index": jnp.zeros((), jnp.int32),
+            "position": jnp.zeros((batch,), jnp.int32)}
+
+
+def prefill(config: DecoderConfig, params: dict, tokens: Array, mask: Array, cache: dict) -> tuple[Array, dict]:
+    """`Decoder.prefill` for a params tree: (logits `[batch, vocab]` after each prompt, filled cache)."""
+    return Decoder(config).apply({"params": params}, tokens, mask, cache, method=Decoder.prefill)
+
+
+def decode_step(config: DecoderConfig, params: dict, token: Array, cache: dict) -> tuple[Array, dict]:
+    """`Decoder.decode_step` for a params tree: (logits `[batch, vocab]`, updated cache)."""
+    return Decoder(config).apply({"params": params}, token, cache, method=Decoder.decode_step)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def greedy_generate(config: DecoderConfig, params: dict, tokens: Array, mask: Array, max_new_tokens: int) -> Array:
+    """Greedy continuations `[batch, max_new_tokens]` int32 of prompts `tokens` [batch, P] (`mask` as in `prefill`),
+    as transformers' `generate(do_sample=False)`: after a row's first EOS it continues with `pad_id` (the first
+    EOS id when the model has no pad token)."""
+    cache = init_cache(config, tokens.shape[0], tokens.shape[1] + max_new_tokens)
+    logits, cache = prefill(config, params, tokens, mask, cache)
+    eos = jnp.asarray(config.eos_ids or (-1,), jnp.int32)
+    pad = config.pad_id if config.pad_id is not None else (config.eos_ids or (0,))[0]
+
+    def step(carry, _):
+        logits, cache, done = carry
+        token = jnp.where(done, pad, jnp.argmax(logits, axis=-1)).astype(jnp.int32)  # [batch]
+        done = done | jnp.isin(token, eos)
+        logits, cache = decode_step(config, params, token, cache)
+        return (logits, cache, done), token
+
+    done = jnp.zeros((tokens.shape[0],), bool)
+    _, new = jax.lax.scan(step, (logits, cache, done), None, length=max_new_tokens)  # [max_new_tokens, batch]
+    return new.T

@@ -1,0 +1,294 @@
+"""Import and export of transformers decoder-only checkpoints: GPT-2 (`GPT2LMHeadModel`) and the Llama family
+(`LlamaForCausalLM`, `Qwen2ForCausalLM`, and `MistralForCausalLM` without sliding-window attention).
+
+`load_decoder(name_or_dir)` reads `config.json` plus `model.safetensors` (single or sharded) or `pytorch_model.bin`
+into `(DecoderConfig, params)`; a preset or hub name is fetched only when the machine is online.
+`save_decoder(config, params, dir)` writes a directory that `AutoModelForCausalLM.from_pretrained` loads with no
+missing or unexpected keys: a GPT-2, a Qwen2 (biases on query/key/value only) or a Llama. The name map is
+explicit, one row per transformers tensor, and every mismatch names the tensor and the parameter.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+from typing import Callable
+
+import jax.numpy as jnp
+import numpy as np
+
+from refiner_jax.models.decoder import HUB_NAMES, DecoderConfig
+from refiner_jax.models.hf import get_param, read_state_dict, resolve_checkpoint, set_param
+
+SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2")
+_LLAMA_FAMILY = ("llama", "mistral", "qwen2")
+# Non-parameter tensors that older checkpoints store: GPT-2's causal-mask buffers, Llama's rotary frequencies.
+_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
+
+Path = tuple[str, ...]
+# (transformers key, our parameter paths, ours -> theirs, theirs -> ours): fused tensors (GPT-2's c_attn) map to
+# several parameters.
+Row = tuple[str, tuple[Path, ...], Callable[..., np.ndarray], Callable[[np.ndarray], tuple[np.ndarray, ...]]]
+
+
+def _row(ours: Path, theirs: str, to_hf=None, from_hf=None) -> Row:
+    return (theirs, (ours,), to_hf or (lambda x: x), lambda w: ((from_hf or (lambda y: y))(w),))
+
+
+def _transposed(ours: Path, theirs: str) -> Row:
+    return _row(ours, theirs, np.transpose, np.transpose)
+
+
+def config_from_hf(hf: dict) -> DecoderConfig:
+    """DecoderConfig from a transformers `config.json` dict (model_type gpt2, llama, mistral or qwen2)."""
+    model_type = hf.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"unsupported model_type {model_type!r} in config.json; refiner_jax's decoder supports "
+                         f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    tokens = dict(pad_id=hf.get("pad_token_id"), bos_id=hf.get("bos_token_id"), eos_id=hf.get("eos_token_id"),
+                  initializer_range=hf.get("initializer_range", 0.02))
+    if model_type == "gpt2":
+        act = hf.get("activation_function", "gelu_new")
+        if act not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError(f"unsupported GPT-2 activation_function {act!r}; supported: gelu_new (tanh gelu)")
+        for key, default in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
+                             ("add_cross_attention", False)):
+            if hf.get(key, default) != default:
+                raise ValueError(f"unsupported GPT-2 config: {key}={hf[key]!r} (only {default} is implemented)")
+        d = hf.get("n_embd", 768)
+        return DecoderConfig(
+            vocab_size=hf.get("vocab_size", 50257), d_model=d, num_layers=hf.get("n_layer", 12),
+            num_heads=hf.get("n_head", 12), d_ff=hf.get("n_inner") or 4 * d, max_positions=hf.get("n_positions", 1024),
+            position="learned", norm="layernorm", norm_eps=hf.get("layer_norm_epsilon", 1e-5), mlp="gelu",
+            qkv_bias=True, out_bias=True, mlp_bias=True, tie_embeddings=hf.get("tie_word_embeddings", True),
+            dropout_rate=hf.get("resid_pdrop", 0.1), **tokens)
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r} for {model_type}; supported: silu")
+    sliding = hf.get("sliding_window") if model_type == "mistral" or hf.get("use_sliding_window") else None
+    if sliding is not None:
+        raise ValueError(f"{model_type} config uses sliding-window attention (sliding_window={sliding}), which "
+                         "refiner_jax's decoder does not implement")
+    heads = hf["num_attention_heads"]
+    bias = hf.get("attention_bias", False)
+    return DecoderConfig(
+        vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], num_layers=hf["num_hidden_layers"], num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads, head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        d_ff=hf["intermediate_size"], max_positions=hf.get("max_position_embeddings", 2048), norm="rmsnorm",
+        norm_eps=hf.get("rms_norm_eps", 1e-6), mlp="swiglu", qkv_bias=model_type == "qwen2" or bias,
+        out_bias=model_type != "qwen2" and bias, mlp_bias=hf.get("mlp_bias", False),
+        tie_embeddings=hf.get("tie_word_embeddings", False), dropout_rate=hf.get("attention_dropout", 0.0),
+        position="rope", **_rope_fields(hf), **tokens)
+
+
+def _rope_fields(hf: dict) -> dict:
+    """Rotary settings from either spelling: `rope_theta` + `rope_scaling` (transformers 4) or `rope_parameters`
+    (transformers 5). As in transformers, a non-empty `rope_scaling` wins and `rope_theta` fills in."""
+    params = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
+    if any(isinstance(v, dict) for v in params.values()):
+        raise ValueError(f"per-layer-type rope settings {sorted(params)} are not supported")
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ValueError(f"partial_rotary_factor={partial} is not supported (rotary positions on all dimensions only)")
+    fields = dict(rope_theta=float(params.get("rope_theta", hf.get("rope_theta", 10000.0))), rope_type=rope_type)
+    if rope_type in ("linear", "llama3"):
+        fields["rope_factor"] = float(params["factor"])
+    if rope_type == "llama3":
+        fields.update(rope_low_freq_factor=float(params["low_freq_factor"]),
+                      rope_high_freq_factor=float(params["high_freq_factor"]),
+                      rope_original_max_positions=int(params.get("original_max_position_embeddings",
+                                                                 hf.get("max_position_embeddings", 2048))))
+    elif rope_type not in ("default", "linear"):
+        raise ValueError(f"unsupported rope type {rope_type!r}; supported: default, linear, llama3")
+    return fields
+
+
+def model_type(config: DecoderConfig) -> str:
+    """The transformers architecture `config` is: 'gpt2', 'qwen2' or 'llama'; raises when it is none of them."""
+    if (config.position, config.norm, config.mlp) == ("learned", "layernorm", "gelu"):
+        if (config.qkv_bias and config.out_bias and config.mlp_bias and config.num_kv_heads == config.num_heads
+                and config.head_dim * config.num_heads == config.d_model):
+            return "gpt2"
+    elif (config.position, config.norm, config.mlp) == ("rope", "rmsnorm", "swiglu"):
+        if config.qkv_bias and not config.out_bias and not config.mlp_bias:
+            return "qwen2"
+        if config.qkv_bias == config.out_bias:
+            return "llama"
+    raise ValueError(f"this DecoderConfig matches no transformers architecture (GPT-2: learned positions, "
+                     f"layernorm, gelu, all biases; Llama/Qwen2: rope, rmsnorm, swiglu): {config}")
+
+
+def config_to_hf(config: DecoderConfig) -> dict:
+    """A transformers `config.json` dict for `config`."""
+    kind = model_type(config)
+    eos = list(config.eos_id) if isinstance(config.eos_id, tuple) else config.eos_id
+    common = dict(model_type=kind, vocab_size=config.vocab_size, tie_word_embeddings=config.tie_embeddings,
+                  initializer_range=config.initializer_range, pad_token_id=config.pad_id,
+                  bos_token_id=config.bos_id, eos_token_id=eos, dtype="float32", use_cache=True)
+    if kind == "gpt2":
+        return dict(common, architectures=["GPT2LMHeadModel"], n_embd=config.d_model, n_layer=config.num_layers,
+                    n_head=config.num_heads, n_inner=config.d_ff, n_positions=config.max_positions,
+                    activation_function="gelu_new", layer_norm_epsilon=config.norm_eps,
+                    resid_pdrop=config.dropout_rate, embd_pdrop=config.dropout_rate, attn_pdrop=config.dropout_rate)
+    rope = dict(rope_type=config.rope_type, rope_theta=config.rope_theta)
+    if config.rope_type != "default":
+        rope["factor"] = config.rope_factor
+    if config.rope_type == "llama3":
+        rope.update(low_freq_factor=config.rope_low_freq_factor, high_freq_factor=config.rope_high_freq_factor,
+                    original_max_position_embeddings=config.rope_original_max_positions)
+    hf = dict(common, architectures=["Qwen2ForCausalLM" if kind == "qwen2" else "LlamaForCausalLM"],
+              hidden_size=config.d_model, intermediate_size=config.d_ff, num_hidden_layers=config.num_layers,
+              num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
+              head_dim=config.head_dim, max_position_embeddings=config.max_positions, rms_norm_eps=config.norm_eps,
+              hidden_act="silu", attention_dropout=config.dropout_rate, rope_parameters=rope,
+              # Both spellings, for transformers 4 and 5 alike.
+              rope_theta=config.rope_theta, rope_scaling=None if config.rope_type == "default" else rope)
+    if kind == "qwen2":
+        return dict(hf, use_sliding_window=False, sliding_window=None)
+    return dict(hf, attention_bias=config.qkv_bias, mlp_bias=config.mlp_bias)
+
+
+def _gpt2_rows(config: DecoderConfig) -> list[Row]:
+    d, h, hd = config.d_model, config.num_heads, config.head_dim
+    rows = [_row(("token_embedder",), "transformer.wte.weight"), _row(("position_embedder",), "transformer.wpe.weight")]
+    for i in range(config.num_layers):
+        ours, theirs = (f"layers_{i}",), f"transformer.h.{i}"
+        att, mlp = ours + ("attention",), ours + ("mlp",)
+        for norm, hf_norm in (("attention_norm", "ln_1"), ("mlp_norm", "ln_2")):
+            rows += [_row(ours + (norm, "scale"), f"{theirs}.{hf_norm}.weight"),
+                     _row(ours + (norm, "bias"), f"{theirs}.{hf_norm}.bias")]
+        # c_attn is a Conv1D ([in, out] weight) whose output is query | key | value, each [heads * head_dim].
+        rows.append((f"{theirs}.attn.c_attn.weight", (att + ("query",), att + ("key",), att + ("value",)),
+                     lambda *qkv: np.concatenate([x.reshape(d, h * hd) for x in qkv], axis=1),
+                     lambda w: tuple(x.reshape(d, h, hd) for x in np.split(w, 3, axis=1))))
+        rows.append((f"{theirs}.attn.c_attn.bias", (att + ("query_bias",), att + ("key_bias",), att + ("value_bias",)),
+                     lambda *qkv: np.concatenate([x.reshape(-1) for x in qkv]),
+                     lambda w: tuple(x.reshape(h, hd) for x in np.split(w, 3))))
+        rows += [_row(att + ("out",), f"{theirs}.attn.c_proj.weight", lambda x: x.reshape(h * hd, d),
+                      lambda w: w.reshape(h, hd, d)),
+                 _row(att + ("out_bias",), f"{theirs}.attn.c_proj.bias"),
+                 _row(mlp + ("wi",), f"{theirs}.mlp.c_fc.weight"), _row(mlp + ("wi_bias",), f"{theirs}.mlp.c_fc.bias"),
+                 _row(mlp + ("wo",), f"{theirs}.mlp.c_proj.weight"),
+                 _row(mlp + ("wo_bias",), f"{theirs}.mlp.c_proj.bias")]
+    rows += [_row(("final_norm", "scale"), "transformer.ln_f.weight"),
+             _row(("final_norm", "bias"), "transformer.ln_f.bias")]
+    return rows
+
+
+def _llama_rows(config: DecoderConfig) -> list[Row]:
+    d, hd = config.d_model, config.head_dim
+    rows = [_row(("token_embedder",), "model.embed_tokens.weight")]
+    for i in range(config.num_layers):
+        ours, theirs = (f"layers_{i}",), f"model.layers.{i}"
+        att, mlp = ours + ("attention",), ours + ("mlp",)
+        rows += [_row(ours + ("attention_norm", "scale"), f"{theirs}.input_layernorm.weight"),
+                 _row(ours + ("mlp_norm", "scale"), f"{theirs}.post_attention_layernorm.weight")]
+        for name, proj, heads in (("query", "q_proj", config.num_heads), ("key", "k_proj", config.num_kv_heads),
+                                  ("value", "v_proj", config.num_kv_heads)):
+            # ours [d_model, heads, head_dim]  <->  theirs (nn.Linear) [heads * head_dim, d_model]
+            rows.append(_row(att + (name,), f"{theirs}.self_attn.{proj}.weight", lambda x: x.reshape(d, -1).T,
+                             lambda w, n=heads: w.T.reshape(d, n, hd)))
+            if config.qkv_bias:
+                rows.append(_row(att + (f"{name}_bias",), f"{theirs}.self_attn.{proj}.bias",
+                                 lambda x: x.reshape(-1), lambda w, n=heads: w.reshape(n, hd)))
+        h = config.num_heads
+        rows.append(_row(att + ("out",), f"{theirs}.self_attn.o_proj.weight", lambda x: x.reshape(h * hd, d).T,
+                         lambda w: w.T.reshape(h, hd, d)))
+        if config.out_bias:
+            rows.append(_row(att + ("out_bias",), f"{theirs}.self_attn.o_proj.bias"))
+        for name, proj in (("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj")):
+            rows.append(_transposed(mlp + (name,), f"{theirs}.mlp.{proj}.weight"))
+            if config.mlp_bias:
+                rows.append(_row(mlp + (f"{name}_bias",), f"{theirs}.mlp.{proj}.bias"))
+    rows.append(_row(("final_norm", "scale"), "model.norm.weight"))
+    return rows
+
+
+def name_map(config: DecoderConfig) -> list[Row]:
+    """Every transformers tensor as (its key, our parameter paths, ours->theirs, theirs->ours)."""
+    rows = _gpt2_rows(config) if model_type(config) == "gpt2" else _llama_rows(config)
+    if not config.tie_embeddings:
+        rows.append(_transposed(("lm_head",), "lm_head.weight"))
+    return rows
+
+
+@functools.lru_cache(maxsize=16)
+def _expected_shapes(config: DecoderConfig) -> dict:
+    import jax  # local: shapes come from an abstract init, no arrays are allocated
+    from flax.linen import meta
+
+    from refiner_jax.models.decoder import Decoder
+
+    tokens = jax.ShapeDtypeStruct((1, 1), np.int32)
+    return meta.unbox(jax.eval_shape(lambda t: Decoder(config).init(jax.random.key(0), t), tokens)["params"])
+
+
+def _names(paths: tuple[Path, ...]) -> str:
+    return ", ".join("/".join(p) for p in paths)
+
+
+def params_from_state_dict(config: DecoderConfig, state: dict[str, np.ndarray]) -> dict:
+    """Our params tree from a transformers state dict (numpy arrays); raises naming any missing, unexpected or
+    mis-shaped tensor."""
+    state = {k: v for k, v in state.items() if not k.endswith(_BUFFER_SUFFIXES)}
+    if model_type(config) == "gpt2" and not any(k.startswith("transformer.") for k in state):
+        # The original GPT-2 checkpoints name the tensors of `GPT2Model`, without the `transformer.` prefix.
+        state = {k if k == "lm_head.weight" else f"transformer.{k}": v for k, v in state.items()}
+    rows = name_map(config)
+    known = {theirs for theirs, *_ in rows} | ({"lm_head.weight"} if config.tie_embeddings else set())
+    unexpected = sorted(set(state) - known)
+    if unexpected:
+        raise ValueError(f"checkpoint has tensors that this DecoderConfig does not use: {unexpected[:8]}"
+                         f"{' ...' if len(unexpected) > 8 else ''}; check num_hidden_layers / biases / "
+                         "tie_word_embeddings in config.json")
+    params: dict = {}
+    dtype = jnp.dtype(config.param_dtype)  # numpy-compatible, bfloat16 included
+    shapes = _expected_shapes(config)
+    for theirs, ours, _, from_hf in rows:
+        if theirs not in state:
+            raise ValueError(f"checkpoint is missing tensor {theirs!r} (parameter {_names(ours)})")
+        tensor = np.asarray(state[theirs])
+        try:
+            values = from_hf(tensor)
+        except ValueError as e:
+            raise ValueError(f"tensor {theirs!r} has shape {tensor.shape}, which does not fit parameter "
+                             f"{_names(ours)} ({e})") from e
+        for path, value in zip(ours, values):
+            expected = tuple(get_param(shapes, path).shape)
+            if value.shape != expected:
+                raise ValueError(f"tensor {theirs!r} has shape {tensor.shape}, which maps to {value.shape} but "
+                                 f"parameter {'/'.join(path)} needs {expected}")
+            set_param(params, path, value.astype(dtype))
+    return params
+
+
+def state_dict_from_params(config: DecoderConfig, params: dict) -> dict[str, np.ndarray]:
+    """transformers-named float32 numpy tensors from our params tree."""
+    return {theirs: np.ascontiguousarray(to_hf(*(np.asarray(get_param(params, p), np.float32) for p in ours)))
+            for theirs, ours, to_hf, _ in name_map(config)}
+
+
+def load_decoder(name_or_dir: str | os.PathLike, **config_overrides) -> tuple[DecoderConfig, dict]:
+    """(config, params) from a transformers checkpoint directory, a preset name or a hub name (online only).
+
+    `config_overrides` change numerics fields such as `dtype`, `param_dtype`, `dropout_rate` or `remat`.
+    """
+    directory = resolve_checkpoint(HUB_NAMES.get(str(name_or_dir), name_or_dir))
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file} is missing: a transformers checkpoint directory needs config.json")
+    config = config_from_hf(json.loads(config_file.read_text())).replace(**config_overrides)
+    return config, params_from_state_dict(config, read_state_dict(directory))
+
+
+def save_decoder(config: DecoderConfig, params: dict, directory: str | os.PathLike) -> pathlib.Path:
+    """Writes `config.json` and `model.safetensors` that `AutoModelForCausalLM.from_pretrained` loads (a tied
+    output layer is not stored, as transformers saves it)."""
+    from safetensors.numpy import save_file
+
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config_to_hf(config), indent=2))
+    save_file(state_dict_from_params(config, params), str(directory / "model.safetensors"), metadata={"format": "pt"})
+    return directory

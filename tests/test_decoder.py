@@ -1,0 +1,294 @@
+"""The decoder-only LM against transformers' PyTorch GPT-2, Llama (grouped-query attention, untied head, llama3
+rope) and Qwen2 (query/key/value biases, tied head, linear rope in the old config spelling), built locally with
+random weights; plus the checkpoint bridge and the KV-cache decoding API, both checked against transformers."""
+import functools
+import json
+import types
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax.linen import meta
+
+from refiner_jax.models import hf_decoder
+from refiner_jax.models.decoder import (Decoder, DecoderConfig, decode_step, greedy_generate, init_cache, prefill,
+                                        preset, rope_frequencies)
+from refiner_jax.models.t5 import param_count
+from refiner_jax.sharding import DEFAULT_RULES
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500.0, "factor": 4.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+HF_CONFIGS = {
+    "gpt2": lambda: transformers.GPT2Config(
+        vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_inner=48, n_positions=40, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, bos_token_id=1, eos_token_id=2),
+    "llama": lambda: transformers.LlamaConfig(
+        vocab_size=101, hidden_size=32, intermediate_size=56, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, rope_parameters=dict(LLAMA3_ROPE)),
+    "qwen2": lambda: transformers.Qwen2Config(
+        vocab_size=103, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        bos_token_id=1, eos_token_id=2, rope_parameters={"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0}),
+}
+ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+
+def _randomise(model, seed: int):
+    """Every tensor random (norm scales around 1, biases included) so that any mapping error shows."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1 and name.endswith("weight"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            else:
+                p.copy_((0.1 if p.ndim == 1 else 0.2) * torch.randn_like(p))
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=sorted(HF_CONFIGS))
+def family(request, tmp_path_factory):
+    """A saved random transformers model, its reference instance, and our import of it."""
+    name = request.param
+    directory = tmp_path_factory.mktemp(name)
+    ref = _randomise(transformers.AutoModelForCausalLM.from_config(HF_CONFIGS[name]()), seed=len(name))
+    ref.save_pretrained(directory)
+    if name == "qwen2":
+        # The transformers-4 spelling: top-level rope_theta plus rope_scaling with "type"; the reference reloads it.
+        hf = json.loads((directory / "config.json").read_text())
+        hf.pop("rope_parameters")
+        hf.update(rope_theta=1000.0, rope_scaling={"type": "linear", "factor": 2.0})
+        (directory / "config.json").write_text(json.dumps(hf))
+        ref = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+        assert ref.config.rope_parameters["rope_type"] == "linear"
+    config, params = hf_decoder.load_decoder(directory)
+    return types.SimpleNamespace(name=name, ref=ref, dir=directory, config=config, params=params)
+
+
+def _prompts(vocab: int, lengths, padding: str, seed: int = 0):
+    """Random prompts of `lengths` padded (id 0) to the longest, left or right: tokens and mask `[b, P]`."""
+    rng = np.random.default_rng(seed)
+    width = max(lengths)
+    tokens, mask = np.zeros((len(lengths), width), np.int32), np.zeros((len(lengths), width), bool)
+    for row, n in enumerate(lengths):
+        cols = slice(width - n, width) if padding == "left" else slice(0, n)
+        tokens[row, cols], mask[row, cols] = rng.integers(3, vocab, n), True
+    return tokens, mask
+
+
+def _reference(ref, tokens, mask):
+    """transformers' logits and final hidden states, positions counting real tokens (as `generate` numbers them)."""
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    args = dict(input_ids=torch.tensor(tokens, dtype=torch.long), attention_mask=torch.tensor(mask, dtype=torch.long),
+                position_ids=torch.tensor(positions, dtype=torch.long))
+    with torch.no_grad():
+        return ref(**args).logits.numpy(), ref.base_model(**args).last_hidden_state.numpy()
+
+
+def _relative_error(ours, theirs) -> float:
+    return float(np.abs(np.asarray(ours) - theirs).max() / np.abs(theirs).max())
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(config, params, tokens, mask):
+    def run(model, tokens, mask):
+        h = model.hidden_states(tokens, attention_mask=mask)
+        return model.logits(h), h
+
+    return Decoder(config).apply({"params": params}, tokens, mask, method=run)
+
+
+_prefill = jax.jit(prefill, static_argnums=0)
+_decode_step = jax.jit(decode_step, static_argnums=0)
+
+
+def test_logits_match_transformers(family):
+    assert family.config.num_kv_heads == {"gpt2": 4, "llama": 2, "qwen2": 1}[family.name]
+    tokens, mask = _prompts(family.config.vocab_size, (9, 4, 6), "left")
+    logits, hidden = _forward(family.config, family.params, tokens, mask)
+    ref_logits, ref_hidden = _reference(family.ref, tokens, mask)
+    error = _relative_error(np.asarray(logits)[mask], ref_logits[mask])
+    print(f"{family.name}: max |logits - transformers| / max |transformers logits| = {error:.2e}")
+    assert error < 1e-4
+    assert _relative_error(np.asarray(hidden)[mask], ref_hidden[mask]) < 1e-4
+    assert np.abs(ref_logits).max() > 1.0  # the comparison is not between near-zero tensors
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
+def test_cached_decoding_matches_transformers(family, padding):
+    """prefill + decode_step, prompts of different lengths in one batch, == transformers' full forward pass."""
+    config = family.config
+    tokens, mask = _prompts(config.vocab_size, (7, 3, 5), padding, seed=1)
+    steps = np.random.default_rng(2).integers(3, config.vocab_size, (3, 4)).astype(np.int32)
+    full_tokens = np.concatenate([tokens, steps], axis=1)
+    full_mask = np.concatenate([mask, np.ones_like(steps, bool)], axis=1)
+    ref_logits, _ = _reference(family.ref, full_tokens, full_mask)
+    last = mask.shape[1] - 1 - np.argmax(mask[:, ::-1], axis=1)  # each prompt's last real token
+    logits, cache = _prefill(config, family.params, tokens, mask, init_cache(config, 3, 12))
+    np.testing.assert_allclose(logits, ref_logits[np.arange(3), last], rtol=1e-4, atol=1e-4)
+    for i in range(steps.shape[1]):
+        logits, cache = _decode_step(config, family.params, steps[:, i], cache)
+        np.testing.assert_allclose(logits, ref_logits[:, mask.shape[1] + i], rtol=1e-4, atol=1e-4)
+    assert int(cache["index"]) == 11 and cache["position"].tolist() == [11, 7, 9]
+
+
+def test_greedy_generation_matches_transformers(family):
+    """greedy_generate == transformers' generate(do_sample=False), also when rows end at (several) EOS ids."""
+    tokens, mask = _prompts(family.config.vocab_size, (6, 2, 4), "left", seed=3)
+    new = 8
+
+    def both(config):
+        ours = np.asarray(greedy_generate(config, family.params, tokens, mask, new))
+        with torch.no_grad():
+            out = family.ref.generate(input_ids=torch.tensor(tokens, dtype=torch.long), max_new_tokens=new,
+                                      attention_mask=torch.tensor(mask, dtype=torch.long), do_sample=False,
+                                      eos_token_id=list(config.eos_ids))
+        return ours, out[:, tokens.shape[1]:].numpy()  # transformers stops once every row has ended
+
+    ours, theirs = both(family.config)
+    np.testing.assert_array_equal(ours, theirs)
+    # Two tokens that the model emits as end tokens: rows stop there and continue with the pad id.
+    config = family.config.replace(eos_id=(int(ours[0, 2]), int(ours[2, 4])))
+    ours, theirs = both(config)
+    print(f"{family.name} greedy with EOS {config.eos_id}: ours {ours.tolist()}, transformers {theirs.tolist()}")
+    np.testing.assert_array_equal(ours[:, :theirs.shape[1]], theirs)
+    assert (ours[:, theirs.shape[1]:] == (config.pad_id if config.pad_id is not None else config.eos_id[0])).all()
+    assert np.isin(ours[:, 2], config.eos_ids).any()
+
+
+def test_export_loads_in_transformers_and_round_trips_exactly(family, tmp_path):
+    rng = np.random.default_rng(5)
+    params = jax.tree.map(lambda x: x + np.float32(0.05) * rng.standard_normal(x.shape, np.float32), family.params)
+    out = hf_decoder.save_decoder(family.config, params, tmp_path / "export")
+    ref, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert type(ref).__name__ == ARCHITECTURES[family.name]
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    config, loaded = hf_decoder.load_decoder(out)
+    assert config == family.config
+    jax.tree.map(np.testing.assert_array_equal, loaded, params)
+    tokens, mask = _prompts(config.vocab_size, (9, 4, 6), "left")
+    logits, _ = _forward(config, params, tokens, mask)
+    ref_logits, _ = _reference(ref.eval(), tokens, mask)
+    assert _relative_error(np.asarray(logits)[mask], ref_logits[mask]) < 1e-4
+
+
+def _llama_dict(**rope):
+    return dict(model_type="llama", vocab_size=11, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                num_attention_heads=2, max_position_embeddings=128, **rope)
+
+
+@pytest.mark.parametrize("old, new", [
+    ({"rope_theta": 1e6}, {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}),
+    ({"rope_theta": 300.0, "rope_scaling": {"type": "linear", "factor": 2.0}},
+     {"rope_parameters": {"rope_type": "linear", "rope_theta": 300.0, "factor": 2.0}}),
+    ({"rope_theta": 500.0, "rope_scaling": {k: v for k, v in LLAMA3_ROPE.items() if k != "rope_theta"}},
+     {"rope_parameters": dict(LLAMA3_ROPE)}),
+], ids=["default", "linear", "llama3"])
+def test_rope_settings_from_old_and_new_config_keys(old, new):
+    ours_old, ours_new = hf_decoder.config_from_hf(_llama_dict(**old)), hf_decoder.config_from_hf(_llama_dict(**new))
+    assert ours_old == ours_new
+    # The rotary frequencies equal transformers' for the same config.json.
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    hf_config = transformers.LlamaConfig(**{k: v for k, v in _llama_dict(**new).items() if k != "model_type"})
+    rope_type = hf_config.rope_parameters["rope_type"]
+    init = ROPE_INIT_FUNCTIONS.get(rope_type, LlamaRotaryEmbedding.compute_default_rope_parameters)
+    np.testing.assert_allclose(rope_frequencies(ours_old), init(hf_config)[0].numpy(), rtol=1e-6)
+    assert hf_decoder.config_from_hf(_llama_dict()).rope_theta == 10000.0  # transformers' default
+
+
+def test_unsupported_configs_are_rejected():
+    with pytest.raises(ValueError, match="unsupported model_type 'falcon'.*gpt2, llama, mistral, qwen2"):
+        hf_decoder.config_from_hf({"model_type": "falcon"})
+    with pytest.raises(ValueError, match="rope type 'yarn'.*default, linear, llama3"):
+        hf_decoder.config_from_hf(_llama_dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}))
+    with pytest.raises(ValueError, match="sliding_window=4096"):
+        hf_decoder.config_from_hf(dict(_llama_dict(), model_type="mistral", sliding_window=4096))
+    assert hf_decoder.config_from_hf(dict(_llama_dict(), model_type="mistral", sliding_window=None)).qkv_bias is False
+    with pytest.raises(ValueError, match="activation_function 'relu'"):
+        hf_decoder.config_from_hf({"model_type": "gpt2", "activation_function": "relu"})
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        DecoderConfig(num_heads=12, num_kv_heads=5)
+    with pytest.raises(ValueError, match="position"):
+        DecoderConfig(position="alibi")
+    with pytest.raises(ValueError, match="unknown decoder preset"):
+        preset("gpt5")
+    with pytest.raises(ValueError, match="matches no transformers architecture"):
+        hf_decoder.config_to_hf(preset("llama-tiny", norm="layernorm"))
+
+
+def _random_params(config: DecoderConfig, seed: int = 0) -> dict:
+    shapes = jax.eval_shape(lambda: Decoder(config).init(jax.random.key(0), jnp.ones((1, 1), jnp.int32)))
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda s: 0.2 * rng.standard_normal(s.shape, np.float32), meta.unbox(shapes["params"]))
+
+
+def test_mismatches_name_the_tensor_and_parameter(tmp_path):
+    config = preset("llama-tiny")
+    state = hf_decoder.state_dict_from_params(config, _random_params(config))
+    bad = dict(state, **{"model.layers.1.self_attn.q_proj.weight": np.zeros((60, 64), np.float32)})
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.q_proj\.weight.*layers_1/attention/query"):
+        hf_decoder.params_from_state_dict(config, bad)
+    bad = dict(state, **{"model.layers.0.mlp.up_proj.weight": np.zeros((176, 60), np.float32)})
+    with pytest.raises(ValueError, match=r"up_proj\.weight.*\(176, 60\).*layers_0/mlp/wi_1 needs \(64, 176\)"):
+        hf_decoder.params_from_state_dict(config, bad)
+    missing = {k: v for k, v in state.items() if k != "model.norm.weight"}
+    with pytest.raises(ValueError, match="missing tensor 'model.norm.weight'.*final_norm/scale"):
+        hf_decoder.params_from_state_dict(config, missing)
+    with pytest.raises(ValueError, match="model.layers.7.input_layernorm.weight"):
+        hf_decoder.params_from_state_dict(config, dict(state, **{"model.layers.7.input_layernorm.weight": 0}))
+    # The original GPT-2 checkpoints: keys without the `transformer.` prefix, plus causal-mask buffers.
+    gpt2 = preset("gpt2-tiny")
+    state = hf_decoder.state_dict_from_params(gpt2, _random_params(gpt2))
+    legacy = {k.removeprefix("transformer."): v for k, v in state.items()}
+    legacy["h.0.attn.bias"] = np.ones((1, 1, 8, 8), np.float32)
+    jax.tree.map(np.testing.assert_array_equal, hf_decoder.params_from_state_dict(gpt2, legacy),
+                 hf_decoder.params_from_state_dict(gpt2, state))
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        hf_decoder.load_decoder(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny", "qwen2.5-0.5b"])
+def test_every_parameter_carries_logical_axes(name):
+    config = preset(name, out_bias=name == "llama-tiny", mlp_bias=name != "qwen2.5-0.5b")
+    abstract = jax.eval_shape(lambda: Decoder(config).init(jax.random.key(0), jnp.ones((1, 1), jnp.int32)))
+    leaves = jax.tree.leaves(abstract["params"], is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+    known = {logical for logical, _ in DEFAULT_RULES}
+    assert leaves and all(isinstance(leaf, nn.LogicallyPartitioned) for leaf in leaves)
+    for leaf in leaves:
+        assert len(leaf.names) == leaf.value.ndim and set(leaf.names) <= known, leaf.names
+    specs = jax.tree.leaves(nn.get_partition_spec(abstract)["params"],
+                            is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    assert len(specs) == len(leaves)
+
+
+def test_presets_have_the_published_sizes():
+    counts = {"gpt2": 124_439_808, "qwen2.5-0.5b": 494_032_768}  # from the released checkpoints
+    for name, expected in counts.items():
+        shapes = jax.eval_shape(lambda c=preset(name): Decoder(c).init(jax.random.key(0), jnp.ones((1, 1), jnp.int32)))
+        assert param_count(meta.unbox(shapes["params"])) == expected, name
+    assert hf_decoder.model_type(preset("qwen2.5-0.5b")) == "qwen2"
+    assert hf_decoder.model_type(preset("gpt2")) == "gpt2"
+
+
+def test_remat_changes_nothing_but_memory():
+    config = preset("llama-tiny", vocab_size=64, d_model=32, d_ff=48)
+    tokens = jnp.asarray(_prompts(config.vocab_size, (5, 3), "left")[0])
+    params = _random_params(config, seed=1)
+
+    def loss(p, cfg):
+        return jnp.mean(jax.nn.log_softmax(Decoder(cfg).apply({"params": p}, tokens))[..., 3])
+
+    def rematerialised(cfg):
+        return str(jax.make_jaxpr(jax.grad(loss), static_argnums=1)(params, cfg)).count("remat")
+
+    assert rematerialised(config) == 0
+    assert rematerialised(config.replace(remat=True)) == config.num_layers
+    plain, remat = (jax.jit(jax.grad(loss), static_argnums=1)(params, c) for c in (config, config.replace(remat=True)))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), plain, remat)
