@@ -14,6 +14,12 @@ from refiner_jax.training import config as base
 def get_config(arg: str | None = None):
     config = base.base_config()
     config.task.name = "mwp"
+    # The critic solves, then compares (`refine.SolverCritic`), trained on train plus 60,000 generated problems the
+    # generator never sees (the svamp variant, whose data has no generator: on train alone).
+    config.critic.mode = "solve"
+    config.critic.fresh_problems = 60000
+    config.critic.steps = 2000
+    config.critic.eval_every = 1000
     variant = arg or "default"
     if variant == "default":
         pass

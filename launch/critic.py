@@ -47,8 +47,7 @@ def main(argv):
     if _RENDER.value and demos is None and not critic_tool.prompt_format(task.name).demonstrations:
         print(f"note: task {task.name!r} has no built-in demonstrations; the prompts are zero-shot (give some "
               "with --demos=FILE.jsonl)")
-    critic = refine.ModelCritic.load(_WORKDIR.value, task)
-    critic.model.batch_size = _BATCH.value
+    critic = refine.load_critic(_WORKDIR.value, task, batch_size=_BATCH.value)
     if _MAX_INPUT.value is not None:
         critic.model.max_input = _MAX_INPUT.value
     n = critic_tool.run_tool(critic, critic.task, _INPUT.value, _OUTPUT.value, render=_RENDER.value,

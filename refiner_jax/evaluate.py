@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 
 from refiner_jax import refine
 from refiner_jax import sharding as shd
-from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task, feedback_matches, is_no_hint
+from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task, feedback_matches, is_no_hint, refine_input
 
 ROW_LABELS = {
     "generator": "Generator alone",
@@ -207,6 +207,7 @@ def evaluate_refinement(task: Task, generator, critic: refine.Critic | None, ora
         quality = critic_quality(task, critic, examples, seed=seed, bootstrap_samples=bootstrap_samples)
         quality["on_generator"] = _feedback_agreement(
             task, critic, examples, [t.hypotheses[0] for t in runs["critic"]], [t.feedback[0] for t in runs["critic"]])
+        quality["on_generator_samples"] = generator_samples_auroc(task, critic, generator, examples, seed=seed)
         results["critic_quality"] = quality
     return results
 
@@ -251,11 +252,139 @@ def error_auroc(confidence: Sequence[float], has_error: Sequence[bool]) -> float
     return float((ranks[~wrong].sum() - n_right * (n_right + 1) / 2.0) / (n_wrong * n_right))
 
 
+def paired_auroc(confidence: Sequence[float], has_error: Sequence[bool], groups: Sequence[Any]) -> float:
+    """`error_auroc` within problems: over every (right, wrong) pair of hypotheses to the same problem (same
+    `groups` value), the share where the right one gets the higher confidence, ties counting half. Unlike the
+    pooled AUROC it cannot be earned by telling easy problems from hard ones. NaN without such pairs."""
+    conf = np.asarray(confidence, dtype=np.float64)
+    wrong = np.asarray(has_error, dtype=bool)
+    _, group_ids = np.unique(np.asarray([str(g) for g in groups]), return_inverse=True)
+    wins, pairs = 0.0, 0
+    for g in range(int(group_ids.max()) + 1 if len(group_ids) else 0):
+        members = group_ids == g
+        right, bad = conf[members & ~wrong], conf[members & wrong]
+        if len(right) and len(bad):
+            diff = right[:, None] - bad[None, :]  # [right, wrong]
+            wins += float(np.sum(diff > 0) + 0.5 * np.sum(diff == 0))
+            pairs += diff.size
+    return wins / pairs if pairs else float("nan")
+
+
+def calibrate_threshold(confidence: Sequence[float], has_error: Sequence[bool]) -> tuple[float, float]:
+    """(threshold, accuracy): the "No hint" threshold (say "No hint" when confidence >= threshold) that classifies
+    the most hypotheses right, a midpoint between observed confidences; ties go to the higher threshold."""
+    conf = np.asarray(confidence, dtype=np.float64)
+    wrong = np.asarray(has_error, dtype=bool)
+    if not len(conf):
+        raise ValueError("calibrate_threshold needs at least one hypothesis")
+    values = np.unique(conf)
+    candidates = np.concatenate([[values[0] - 1.0], (values[:-1] + values[1:]) / 2.0, [values[-1] + 1.0]])
+    accuracy = np.array([np.mean((conf >= t) != wrong) for t in candidates])
+    best = len(candidates) - 1 - int(np.argmax(accuracy[::-1]))
+    return float(candidates[best]), float(accuracy[best])
+
+
+def calibrate_for_refinement(task: Task, critic: refine.Critic, generator, examples: Sequence[Example],
+                             template: str = DEFAULT_REFINE_TEMPLATE) -> dict[str, Any]:
+    """The "No hint" threshold of a trained critic that maximises the task's primary metric after one refinement
+    turn of `generator` on `examples` (validation problems), and the figures behind it.
+
+    The critic's feedback without a threshold (`critic.threshold` = +inf: every error it can name) and its
+    confidence are computed once on the generator's greedy hypotheses; the generator revises every hypothesis that
+    got feedback, once. A threshold t then keeps the revision exactly where confidence < t, so every candidate t
+    (midpoints between the confidences, and both ends) is scored without decoding again. Ties go to the lower
+    threshold: the critic intervenes as little as the gain allows."""
+    import dataclasses
+
+    examples = list(examples)
+    if not examples:
+        raise ValueError("calibrate_for_refinement needs at least one validation problem")
+    z0 = generator.greedy([ex.x for ex in examples])
+    feedback = dataclasses.replace(critic, threshold=math.inf).feedback(examples, z0)
+    confidence = np.asarray(critic.confidence(examples, z0), np.float64)
+    revise = np.array([not is_no_hint(f) for f in feedback])
+    z1 = list(z0)
+    rows = np.flatnonzero(revise)
+    for i, z in zip(rows, generator.greedy([refine_input(examples[i].x, z0[i], feedback[i], template)
+                                            for i in rows]) if len(rows) else []):
+        z1[i] = z
+    primary = primary_metric(task, list(task.score(z0[:1], examples[:1])))
+    before = np.array([task.score([z], [ex])[primary] for z, ex in zip(z0, examples)])
+    after = np.array([task.score([z], [ex])[primary] for z, ex in zip(z1, examples)])
+    values = np.unique(confidence[revise]) if revise.any() else np.zeros(1)
+    candidates = np.concatenate([[values[0] - 1.0], (values[:-1] + values[1:]) / 2.0, [values[-1] + 1.0]])
+    metric = np.array([np.mean(np.where(revise & (confidence < t), after, before)) for t in candidates])
+    best = int(np.argmax(metric))
+    threshold = float(candidates[best])
+    wrong = np.array([not task.oracle_feedback(ex, z).ok for ex, z in zip(examples, z0)])
+    return {"threshold": threshold, "metric": primary, "before": float(before.mean()), "after": float(metric[best]),
+            "n": len(examples), "revised": int(np.sum(revise & (confidence < threshold))),
+            "flag_accuracy": float(np.mean((confidence >= threshold) != wrong)),
+            "auroc": error_auroc(confidence, wrong)}
+
+
+def _confidences(critic: refine.Critic, examples: Sequence[Example], hypotheses: Sequence[str]) -> np.ndarray | None:
+    """The critic's confidence that each hypothesis is right, for critics that give one (None otherwise)."""
+    scorer = getattr(critic, "confidence", None)
+    return np.asarray(scorer(list(examples), list(hypotheses))) if scorer else None
+
+
 def _confidence_auroc(critic: refine.Critic, examples: Sequence[Example], hypotheses: Sequence[str],
                       has_error: Sequence[bool]) -> float | None:
-    """`error_auroc` of the critic's "No hint" log-probability, for critics that expose one (None otherwise)."""
-    scorer = getattr(critic, "no_hint_log_probs", None)
-    return error_auroc(scorer(list(examples), list(hypotheses)), has_error) if scorer else None
+    """`error_auroc` of the critic's confidence, for critics that give one (None otherwise)."""
+    confidence = _confidences(critic, examples, hypotheses)
+    return error_auroc(confidence, has_error) if confidence is not None else None
+
+
+def paired_eval_set(task: Task, examples: Sequence[Example], seed: int = 0, wrong_per_problem: int = 2
+                    ) -> list[tuple[Example, str, Any]]:
+    """(example, hypothesis, oracle Feedback) with, for each problem, its gold hypothesis and `wrong_per_problem`
+    distinct perturbations that have errors (fewer when the task cannot make them): the set of `paired_auroc`."""
+    rng = random.Random(CRITIC_EVAL_SEED + 1 + seed)
+    out = []
+    for ex in examples:
+        out.append((ex, ex.z, task.oracle_feedback(ex, ex.z)))
+        seen = {ex.z}
+        for _ in range(10 * wrong_per_problem):
+            if len(seen) > wrong_per_problem:
+                break
+            hypothesis, feedback = task.perturb(ex, rng)
+            if not feedback.ok and hypothesis not in seen:
+                seen.add(hypothesis)
+                out.append((ex, hypothesis, feedback))
+    return out
+
+
+def critic_paired_auroc(task: Task, critic: refine.Critic, examples: Sequence[Example], seed: int = 0
+                        ) -> float | None:
+    """`paired_auroc` of the critic's confidence on `paired_eval_set` (None for critics without a confidence)."""
+    items = paired_eval_set(task, examples, seed)
+    confidence = _confidences(critic, [ex for ex, _, _ in items], [h for _, h, _ in items])
+    if confidence is None:
+        return None
+    return paired_auroc(confidence, [not f.ok for _, _, f in items], [ex.uid for ex, _, _ in items])
+
+
+def generator_samples_auroc(task: Task, critic: refine.Critic, generator, examples: Sequence[Example],
+                            num_samples: int = 4, seed: int = 0) -> dict[str, Any] | None:
+    """The critic's `paired_auroc` over the generator's own answers: its greedy hypothesis and `num_samples`
+    samples (temperature 1) per problem, distinct ones only. None for critics without a confidence or generators
+    that cannot sample."""
+    if getattr(critic, "confidence", None) is None or getattr(generator, "generate", None) is None:
+        return None
+    import jax
+
+    sampled = generator.generate([ex.x for ex in examples], num_samples=num_samples, temperature=1.0,
+                                 rng=jax.random.key(CRITIC_EVAL_SEED + seed))
+    greedy = generator.greedy([ex.x for ex in examples])
+    items = [(ex, h) for ex, g, s in zip(examples, greedy, sampled) for h in dict.fromkeys([g, *s])]
+    has_error = [not task.oracle_feedback(ex, h).ok for ex, h in items]
+    confidence = _confidences(critic, [ex for ex, _ in items], [h for _, h in items])
+    groups = [ex.uid for ex, _ in items]
+    problems_with_pairs = len({g for g, e in zip(groups, has_error) if e} & {g for g, e in zip(groups, has_error)
+                                                                              if not e})
+    return {"paired_auroc": paired_auroc(confidence, has_error, groups), "hypotheses": len(items),
+            "wrong": int(np.sum(has_error)), "problems_with_pairs": problems_with_pairs}
 
 
 def _feedback_agreement(task: Task, critic: refine.Critic, examples: Sequence[Example], hypotheses: Sequence[str],
@@ -273,8 +402,9 @@ def critic_quality(task: Task, critic: refine.Critic, examples: Sequence[Example
                    bootstrap_samples: int = 1000) -> dict[str, Any]:
     """Feedback exact match (sentence-order-insensitive, `feedback_matches`) against the oracle on the held-out
     perturbation set, overall and per gold error kind ("no_error" for unchanged hypotheses; a hypothesis with
-    several kinds counts under each), with bootstrap CIs; plus precision/recall of "has an error", and the AUROC of
-    the critic's "No hint" probability as an error detector when the critic has one (`error_auroc`)."""
+    several kinds counts under each; "any_error" for all hypotheses with an error), with bootstrap CIs; plus
+    precision/recall of "has an error", and, for critics with a `confidence`, its AUROC as an error detector
+    (`error_auroc`) and its within-problem AUROC on each problem's gold vs its perturbations (`paired_auroc`)."""
     eval_set = critic_eval_set(task, examples, seed)
     hypotheses = [h for _, h, _ in eval_set]
     predicted = critic.feedback([ex for ex, _, _ in eval_set], hypotheses)
@@ -284,7 +414,9 @@ def critic_quality(task: Task, critic: refine.Critic, examples: Sequence[Example
         groups["all"].append(hit)
         for kind in sorted({e.kind for e in gold.errors} or {"no_error"}):
             groups.setdefault(kind, []).append(hit)
-    order = ["all", "no_error"] + [k for k in getattr(task, "error_kinds", ()) if k != "no_error"]
+        if not gold.ok:
+            groups.setdefault("any_error", []).append(hit)
+    order = ["all", "no_error", "any_error"] + [k for k in getattr(task, "error_kinds", ()) if k != "no_error"]
     order += sorted(k for k in groups if k not in order)
     per_type = {}
     for kind in order:
@@ -293,7 +425,8 @@ def critic_quality(task: Task, critic: refine.Critic, examples: Sequence[Example
             per_type[kind] = {"n": len(groups[kind]), "mean": mean, "low": low, "high": high}
     has_error = [not g.ok for _, _, g in eval_set]
     return {"n": len(eval_set), "seed": seed, "feedback_em": per_type, "has_error": _detection(predicted, has_error),
-            "auroc": _confidence_auroc(critic, [ex for ex, _, _ in eval_set], hypotheses, has_error)}
+            "auroc": _confidence_auroc(critic, [ex for ex, _, _ in eval_set], hypotheses, has_error),
+            "paired_auroc": critic_paired_auroc(task, critic, examples, seed)}
 
 
 # ----------------------------------------------------------------------------------------------- noise study
@@ -336,7 +469,7 @@ def generator_stage_dir(workdir: str, stages: Sequence[str] = ("refiner", "warmu
 
 
 def load_run_models(run: refine.RunInfo, task: Task, batch_size: int, with_critic: bool = True,
-                    mesh: Mesh | None = None) -> tuple[str, refine.TextModel, refine.ModelCritic | None]:
+                    mesh: Mesh | None = None) -> tuple[str, refine.TextModel, refine.Critic | None]:
     """(generator stage directory, generator, trained critic) of a run: the REFINER generator (else the warm-up
     one) and the critic, None when it was not trained or `with_critic` is False. Prompts are padded to the run's
     token budgets, so each model compiles its sampler once; with a `mesh`, they are split over its devices."""
@@ -348,10 +481,7 @@ def load_run_models(run: refine.RunInfo, task: Task, batch_size: int, with_criti
     critic = None
     critic_dir = os.path.join(run.workdir, "critic")
     if with_critic and os.path.isdir(os.path.join(critic_dir, "export")):
-        critic = refine.ModelCritic(refine.load_text_model(critic_dir, tokenizer, lengths["critic_input"],
-                                                           lengths["feedback"], lengths["critic_input"], batch_size,
-                                                           mesh=mesh),
-                                    task)
+        critic = refine.load_critic(run, task, batch_size, mesh=mesh)
     return generator_dir, generator, critic
 
 

@@ -4,8 +4,9 @@
     for t = 1..T:  f_t = critic(x, z_{t-1});  stop where f_t is "No hint";  z_t = G(template(x, z_{t-1}, f_t))
 
 `TextModel` wraps a T5 and its tokenizer as a batched text -> text function (prompts padded to fixed batch and
-length buckets so the jitted sampler compiles a handful of times per run). Critics (`ModelCritic`, `OracleCritic`,
-`NoisyCritic`, `HumanCritic`, `CallableCritic`) all map (examples, hypotheses) to feedback strings.
+length buckets so the jitted sampler compiles a handful of times per run). Critics (`ModelCritic`, `SolverCritic`,
+`OracleCritic`, `NoisyCritic`, `HumanCritic`, `CallableCritic`) all map (examples, hypotheses) to feedback strings;
+trained ones also give a `confidence` that each hypothesis is right.
 """
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ from refiner_jax.models.t5 import PAD_ID, T5, T5Config, shift_right
 from refiner_jax.tasks.base import (DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, as_task_question,
                                     gold_fields_read, is_no_hint, refine_input)
 from refiner_jax.tokenizers import Tokenizer, load_tokenizer
+
+CRITIC_MODES = ("feedback", "solve")  # config.critic.mode: `ModelCritic` (x + hypothesis -> feedback), `SolverCritic`
+CALIBRATION_FILE = "calibration.json"  # beside a trained critic's export: its calibrated "No hint" threshold
 
 
 @dataclasses.dataclass
@@ -141,23 +145,32 @@ class ModelCritic:
     Problems are `Example`s or plain question strings (for tasks whose critic reads only the question; Moral
     Stories' critic also reads the gold moral action, so it needs `Example`s).
 
-    With `prefer_no_hint` the greedy feedback is replaced by "No hint" whenever the critic gives "No hint" at
-    least the probability of its greedy sentence. Greedy decoding commits to the first token, and every error
-    sentence starts alike ("The ..."), so their summed mass can win the first step although "No hint" is the most
-    likely whole answer; comparing complete sequences removes that bias.
+    With a `threshold` (calibrated on validation, `evaluate.calibrate_threshold`) the answer is "No hint" exactly
+    when the critic's log-probability of "No hint" reaches it, and its greedy feedback otherwise. Without one,
+    `prefer_no_hint` replaces the greedy feedback by "No hint" whenever the critic gives "No hint" at least the
+    probability of its greedy sentence: every error sentence starts alike ("The ..."), so their summed mass can win
+    greedy decoding's first step although "No hint" is the most likely whole answer.
     """
 
     model: TextModel
     task: Task
     prefer_no_hint: bool = True
+    threshold: float | None = None
 
     def feedback(self, examples: Sequence[Example | str], hypotheses: Sequence[str]) -> list[str]:
         texts, greedy_lp = self.model.generate_with_log_probs(self._inputs(examples, hypotheses))
         out = [t[0] for t in texts]
-        if self.prefer_no_hint and out:
+        if out and self.threshold is not None:
+            no_hint_lp = self.no_hint_log_probs(examples, hypotheses)
+            out = [NO_HINT if n >= self.threshold else f for f, n in zip(out, no_hint_lp)]
+        elif out and self.prefer_no_hint:
             no_hint_lp = self.no_hint_log_probs(examples, hypotheses)
             out = [NO_HINT if n >= g else f for f, g, n in zip(out, greedy_lp[:, 0], no_hint_lp)]
         return out
+
+    def confidence(self, examples: Sequence[Example | str], hypotheses: Sequence[str]) -> np.ndarray:
+        """How sure the critic is that each hypothesis is right (higher: surer): its "No hint" log-probability."""
+        return self.no_hint_log_probs(examples, hypotheses)
 
     def no_hint_log_probs(self, examples: Sequence[Example | str], hypotheses: Sequence[str]) -> np.ndarray:
         """The critic's log-probability of answering "No hint" to each hypothesis, `[len(hypotheses)]`: a
@@ -171,25 +184,110 @@ class ModelCritic:
         return [len(self.model.tokenizer.encode(t)) for t in self._inputs(examples, hypotheses)]
 
     def _inputs(self, examples: Sequence[Example | str], hypotheses: Sequence[str]) -> list[str]:
-        if len(examples) != len(hypotheses):
-            raise ValueError(f"{len(examples)} problems but {len(hypotheses)} hypotheses; give one hypothesis each")
-        if any(isinstance(ex, str) for ex in examples):
-            needed = gold_fields_read(self.task)
-            if needed:
-                raise ValueError(f"task {self.task.name!r}'s critic reads the gold {sorted(needed)}, which a question "
-                                 "string does not carry; pass Example objects")
-            examples = [Example(f"problem-{i}", as_task_question(self.task, ex), "", "") if isinstance(ex, str)
-                        else ex for i, ex in enumerate(examples)]
+        examples = _as_examples(self.task, examples, hypotheses)
         return [self.task.critic_input(ex, h) for ex, h in zip(examples, hypotheses)]
 
-    @classmethod
-    def load(cls, workdir: str, task: Task | None = None) -> "ModelCritic":
-        """The critic of a trained run directory (its task, tokenizer and lengths come from the run's config)."""
-        run = RunInfo.load(workdir)
-        task = task or run.task()
-        model = load_text_model(os.path.join(workdir, "critic"), run.tokenizer(), run.lengths["critic_input"],
-                                run.lengths["feedback"])
-        return cls(model, task)
+
+def _as_examples(task: Task, examples: Sequence[Example | str], hypotheses: Sequence[str]) -> list[Example]:
+    """Problems as `Example`s (question strings wrapped), checked against the hypotheses' count."""
+    if len(examples) != len(hypotheses):
+        raise ValueError(f"{len(examples)} problems but {len(hypotheses)} hypotheses; give one hypothesis each")
+    if any(isinstance(ex, str) for ex in examples):
+        needed = gold_fields_read(task)
+        if needed:
+            raise ValueError(f"task {task.name!r}'s critic reads the gold {sorted(needed)}, which a question "
+                             "string does not carry; pass Example objects")
+    return [Example(f"problem-{i}", as_task_question(task, ex), "", "") if isinstance(ex, str) else ex
+            for i, ex in enumerate(examples)]
+
+
+@dataclasses.dataclass
+class SolverCritic:
+    """A trained critic that solves the problem itself, then compares.
+
+    Its model is trained as x -> z* (on more problems than the generator sees, where the task can make them); its
+    greedy solution z_c of x is the reference against which the task's structural check (`task.oracle_feedback`
+    with z_c as the gold) names the hypothesis' errors. It reads the hypothesis only through that check and through
+    `confidence` = log p(hypothesis | x) - log p(z_c | x) under its model (0 when the check finds no error), so its
+    verdict is relative to its own best answer for the same problem, not to how hard the problem looks. It says
+    "No hint" when the check finds nothing, when z_c is itself malformed (nothing to compare against), or when
+    the confidence reaches `threshold` (calibrated on validation, `evaluate.calibrate_threshold`; 0 by default:
+    a hypothesis at least as likely as its own answer is not criticised).
+
+        critic = SolverCritic(load_text_model(workdir + "/critic", tokenizer, 56, 24), get_task("mwp"))
+        critic.feedback(examples, ["#0: add ( number0, number1 )", ...])   # -> ["The operator in #0 ...", ...]
+    """
+
+    model: TextModel
+    task: Task
+    threshold: float = 0.0
+    _references: dict = dataclasses.field(default_factory=dict, repr=False)  # x -> (z_c, log p(z_c | x))
+
+    def references(self, examples: Sequence[Example]) -> list[tuple[str, float]]:
+        """The critic's own greedy solution of each problem and its log-probability (decoded once per question)."""
+        missing = list(dict.fromkeys(ex.x for ex in examples if ex.x not in self._references))
+        if missing:
+            texts, log_probs = self.model.generate_with_log_probs(missing)
+            self._references.update({x: (t[0], float(lp[0])) for x, t, lp in zip(missing, texts, log_probs)})
+        return [self._references[ex.x] for ex in examples]
+
+    def judge(self, examples: Sequence[Example | str], hypotheses: Sequence[str]) -> tuple[list, np.ndarray]:
+        """(the check's `Feedback` against z_c, or None where z_c is malformed; `confidence`) per hypothesis."""
+        examples = _as_examples(self.task, examples, hypotheses)
+        refs = self.references(examples)
+        checks, to_score = [], []
+        for i, (ex, (z_c, _)) in enumerate(zip(examples, refs)):
+            reference = dataclasses.replace(ex, z=z_c)
+            if not self.task.oracle_feedback(reference, z_c).ok:
+                checks.append(None)
+                continue
+            checks.append(self.task.oracle_feedback(reference, hypotheses[i]))
+            if not checks[-1].ok:
+                to_score.append(i)
+        confidence = np.zeros(len(examples), np.float32)
+        if to_score:
+            log_probs = self.model.score([examples[i].x for i in to_score], [hypotheses[i] for i in to_score])
+            confidence[to_score] = log_probs - np.array([refs[i][1] for i in to_score], np.float32)
+        return checks, confidence
+
+    def feedback(self, examples: Sequence[Example | str], hypotheses: Sequence[str]) -> list[str]:
+        checks, confidence = self.judge(examples, hypotheses)
+        return [NO_HINT if check is None or check.ok or c >= self.threshold else check.text
+                for check, c in zip(checks, confidence)]
+
+    def confidence(self, examples: Sequence[Example | str], hypotheses: Sequence[str]) -> np.ndarray:
+        """How sure the critic is that each hypothesis is right (higher: surer), `[len(hypotheses)]`."""
+        return self.judge(examples, hypotheses)[1]
+
+
+def load_critic(run: "RunInfo | str", task: Task | None = None, batch_size: int = 64, mesh: Mesh | None = None
+                ) -> "ModelCritic | SolverCritic":
+    """The trained critic of a run (directory or `RunInfo`), as its `config.critic.mode` says ("feedback":
+    `ModelCritic`, the paper's; "solve": `SolverCritic`), with its calibrated "No hint" threshold
+    (`critic/calibration.json`) when the run made one. Task, tokenizer and token budgets come from the config."""
+    run = run if isinstance(run, RunInfo) else RunInfo.load(run)
+    task = task or run.task()
+    critic_dir = os.path.join(run.workdir, "critic")
+    mode = run.config.get("critic", {}).get("mode", "feedback")
+    if mode not in CRITIC_MODES:
+        raise ValueError(f"{run.workdir}: config critic.mode {mode!r} is not one of {CRITIC_MODES}")
+    lengths = run.lengths
+    max_input, max_output = ((lengths["input"], lengths["target"]) if mode == "solve"
+                             else (lengths["critic_input"], lengths["feedback"]))
+    model = load_text_model(critic_dir, run.tokenizer(), max_input, max_output, max_input, batch_size, mesh=mesh)
+    threshold = read_calibration(critic_dir)
+    if mode == "solve":
+        return SolverCritic(model, task) if threshold is None else SolverCritic(model, task, threshold)
+    return ModelCritic(model, task, threshold=threshold)
+
+
+def read_calibration(critic_dir: str) -> float | None:
+    """The "No hint" threshold saved beside a trained critic, None when there is none."""
+    path = os.path.join(critic_dir, CALIBRATION_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return float(json.load(f)["threshold"])
 
 
 @dataclasses.dataclass

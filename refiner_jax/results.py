@@ -103,16 +103,20 @@ def render_markdown(results: Mapping[str, Any], plots: Sequence[str] = ()) -> st
         lines += _table(["Gold error", "n", "Feedback EM"],
                         [[k, v["n"], format_ci(v)] for k, v in quality["feedback_em"].items()])
         det = quality["has_error"]
-        lines += ["", "Detecting an error (feedback other than \"No hint\"; AUROC: the critic's probability of "
-                  "\"No hint\" as an error score, 50 = chance):", ""]
+        lines += ["", "Detecting an error (feedback other than \"No hint\"). AUROC: the critic's confidence that a "
+                  "hypothesis is right as an error score over all hypotheses; paired AUROC: the same within each "
+                  "problem only (its gold vs its perturbations; the generator's greedy answer and 4 samples), which "
+                  "telling easy problems from hard ones cannot raise. 50 = chance:", ""]
         table = [["held-out perturbations", quality["n"], _pct(det["precision"]), _pct(det["recall"]),
-                  _pct(det["f1"]), _auroc(quality), "–"]]
+                  _pct(det["f1"]), _auroc(quality), _pct(quality.get("paired_auroc")), "–"]]
         gen = quality.get("on_generator")
         if gen:
             g = gen["has_error"]
+            samples = quality.get("on_generator_samples") or {}
             table.append(["generator's turn-0 hypotheses", gen["n"], _pct(g["precision"]), _pct(g["recall"]),
-                          _pct(g["f1"]), _auroc(gen), _pct(gen["feedback_em"])])
-        lines += _table(["Hypotheses", "n", "Precision", "Recall", "F1", "AUROC", "Feedback EM"], table) + [""]
+                          _pct(g["f1"]), _auroc(gen), _pct(samples.get("paired_auroc")), _pct(gen["feedback_em"])])
+        lines += _table(["Hypotheses", "n", "Precision", "Recall", "F1", "AUROC", "Paired AUROC", "Feedback EM"],
+                        table) + [""]
 
     noise = results.get("noise")
     if noise and noise.get("rows"):

@@ -45,6 +45,10 @@ _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 # separate chunks but leave their last space to the next word (so "a  b" -> "a", " ", " b"). Chunks keep
 # punctuation ("number0,", "#0:") together, which lets BPE learn the task's formula tokens whole.
 _SUBWORD_SPLIT = r" ?\S+|\s+(?!\S)|\s+"
+# The same with punctuation split from words and numbers ("number0," -> "number0", ","; "#0," -> "#0", ","): a
+# placeholder is then one token wherever it stands, in the question and in the formula. A step label "#0:" stays
+# whole.
+_SUBWORD_SPLIT_PUNCTUATION = r" ?#\d+:?| ?\w+| ?[^\s\w]+|\s+(?!\S)|\s+"
 
 
 def padded_vocab_size(vocab_size: int, multiple: int = 128) -> int:
@@ -249,6 +253,7 @@ def train_subword_tokenizer(
     *,
     extra_special_tokens: Sequence[str] = (),
     min_frequency: int = 2,
+    split_punctuation: bool = False,
 ) -> SubwordTokenizer:
     """Train a byte-level BPE tokenizer on `texts`; save it into `directory` when given.
 
@@ -256,7 +261,8 @@ def train_subword_tokenizer(
     256 byte symbols and the learned merges. Words are split off with their single leading space and their
     punctuation, so "number0," or " Answer:" can become one token, and decoding restores every space exactly.
     `vocab_size` is an upper bound (a small corpus may give fewer merges); the result's `vocab_size` is the real
-    size, unpadded: pad it in the model config (`padded_vocab_size`).
+    size, unpadded: pad it in the model config (`padded_vocab_size`). `split_punctuation` splits punctuation from
+    words and numbers first ("number0," -> "number0" + ","), so a word or placeholder is the same token everywhere.
     """
     from tokenizers import Regex
     from tokenizers import Tokenizer as RawTokenizer
@@ -275,7 +281,8 @@ def train_subword_tokenizer(
     raw = RawTokenizer(models.BPE(unk_token=UNK_TOKEN))
     raw.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(_SUBWORD_SPLIT), behavior="isolated"),
+            pre_tokenizers.Split(Regex(_SUBWORD_SPLIT_PUNCTUATION if split_punctuation else _SUBWORD_SPLIT),
+                                 behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )

@@ -212,7 +212,7 @@ def test_critic_quality_hand_worked(toy_results):
     q = toy_results[0]["critic_quality"]
     assert q["n"] == 4
     assert {k: (v["n"], v["mean"]) for k, v in q["feedback_em"].items()} == {
-        "all": (4, 0.5), "no_error": (2, 0.5), "wrong": (2, 0.5)}
+        "all": (4, 0.5), "no_error": (2, 0.5), "any_error": (2, 0.5), "wrong": (2, 0.5)}
     det = q["has_error"]
     assert (det["precision"], det["recall"], det["f1"]) == (0.5, 0.5, 0.5)
     # Turn-0 hypotheses g0, bad1, bad2, g3: critic says Change it. / Use g1. / Hmm. / No hint; oracle says
@@ -285,10 +285,12 @@ def test_critic_quality_ignores_sentence_order_on_mwp():
         feedback = staticmethod(refine.OracleCritic(task).feedback)
 
         @staticmethod
-        def no_hint_log_probs(exs, hyps):
+        def confidence(exs, hyps):
             return np.array([0.0 if task.oracle_feedback(ex, h).ok else -5.0 for ex, h in zip(exs, hyps)])
 
-    assert evaluate.critic_quality(task, ConfidentOracle(), examples, bootstrap_samples=50)["auroc"] == 1.0
+    confident = evaluate.critic_quality(task, ConfidentOracle(), examples, bootstrap_samples=50)
+    assert confident["auroc"] == 1.0 and confident["paired_auroc"] == 1.0
+    assert quality["paired_auroc"] is None
 
 
 def test_error_auroc_hand_worked_and_against_pair_counting():

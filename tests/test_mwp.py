@@ -128,7 +128,12 @@ def test_parser_accepts_spacing_spelling_and_end_marker():
                  "  #0: MULTIPLY ( number1 , number2 ) |   #1: subtract ( number0, #0 ) |"):
         parsed = mwp.parse_formula(text)
         assert parsed.ok and mwp.format_formula(parsed.formula) == G2
-    for text in ("", " | ", "EOS", "#1: add ( number0, number1 )", "#0: power ( number0, number1 )",
+    # REFINER's bare-number formulas carry their end marker without a separator.
+    for text, leaf in (("number0 <END>", "number0"), ("number2 EOS", "number2"), ("3.5 <END>", "3.5")):
+        parsed = mwp.parse_formula(text)
+        assert parsed.ok and not parsed.formula.steps and mwp.format_formula(parsed.formula) == leaf
+    assert mwp.format_formula(mwp.parse_formula(G2 + " EOS").formula) == G2
+    for text in ("", " | ", "EOS", "number0 <END> EOS", "#1: add ( number0, number1 )", "#0: power ( number0, number1 )",
                  "#0: add ( number0 )", "#0: add ( number0, x )", "#0: add ( number0, number1 ) extra",
                  "#0: add ( number0, number1 ) | #0: add ( #0, number1 )", "#3", None, 7):
         parsed = mwp.parse_formula(text)
@@ -378,6 +383,19 @@ def test_synthetic_splits(task, synthetic):
     assert [len(small.load(s)) for s in ("train", "val", "test")] == [30, 5, 10]
     assert small.load("test") == mwp.MWPTask(synthetic_sizes={"train": 30, "val": 5, "test": 10}).load("test")
     assert small.load("test") != mwp.MWPTask(seed=1, synthetic_sizes={"train": 30, "val": 5, "test": 10}).load("test")
+
+
+def test_fresh_problems_are_new_and_leave_the_splits_unchanged():
+    sizes = {"train": 30, "val": 5, "test": 10}
+    task = mwp.MWPTask(synthetic_sizes=sizes)
+    fresh = task.fresh_problems(200)
+    assert len(fresh) == 200 and len({e.x for e in fresh}) == 200
+    splits = {s: task.load(s) for s in ("train", "val", "test")}
+    assert not {e.x for e in fresh} & {e.x for v in splits.values() for e in v}
+    assert splits == {s: mwp.MWPTask(synthetic_sizes=sizes).load(s) for s in ("train", "val", "test")}
+    assert fresh[:50] == task.fresh_problems(50)  # a prefix of the same stream
+    assert all(mwp.parse_formula(e.z).ok and task.is_correct(e, e.z) for e in fresh)
+    assert task.fresh_problems(10, data_dir="/any/csv/folder") == [] and task.fresh_problems(0) == []
 
 
 def test_synthetic_problems_are_well_formed(synthetic):

@@ -50,6 +50,8 @@ def tiny_config():
     ("log_every", 0, "config.log_every: must be >= 1"),
     ("model.dtype", "bf16", "config.model.dtype: 'bf16' is not a dtype"),
     ("critic.eval_examples", 0, "config.critic.eval_examples: must be >= 1"),
+    ("critic.mode", "judge", "config.critic.mode: 'judge' is not a critic mode"),
+    ("critic.fresh_problems", -1, "config.critic.fresh_problems: must be >= 0"),
     ("critic.optimizer.grad_clip_norm", -1.0, "config.critic.optimizer.grad_clip_norm: must be >= 0"),
     ("warmup.optimizer.weight_decay", -0.1, "config.warmup.optimizer.weight_decay: must be >= 0"),
     ("refiner.optimizer.warmup_steps", -1, "config.refiner.optimizer.warmup_steps: must be >= 0"),
@@ -168,6 +170,32 @@ def test_critic_pairs_are_resumable():
     assert {f for _, f in a} - {"No hint"}  # some of them are perturbed
 
 
+def test_balanced_critic_pairs_give_each_problem_a_right_and_a_wrong_hypothesis():
+    task = get_task("mwp", synthetic_sizes={"train": 32, "val": 8, "test": 8})
+    train = task.load("train")
+    pairs = refiner_lib.critic_pairs(task, train, seed=1, balanced=True)(None, np.arange(10), step=3)
+    assert len(pairs) == 10
+    for k, ex in enumerate(train[:5]):  # problems 0-4, two rows each
+        prefix = task.critic_input(ex, "")
+        rows = pairs[2 * k:2 * k + 2]
+        assert all(x.startswith(prefix) for x, _ in rows)
+        assert sorted(f == "No hint" for _, f in rows) == [False, True]
+        for x, f in rows:
+            assert f == task.oracle_feedback(ex, x[len(prefix):]).text
+
+    class FakeGenerator:  # right for the first problem, wrong for the second
+        def generate(self, texts, *, top_p, temperature, rng):
+            return [["#0: add ( number1, number0 )"], ["#0: subtract ( number0, number1 )"]][:len(texts)]
+
+    ex = Example("p0", "Tom has number0 apples and buys number1 more . How many apples ?",
+                 "#0: add ( number0, number1 )", "7", {"numbers": [3.0, 4.0]})
+    pairs = refiner_lib.critic_pairs(task, [ex] * 4, 0, FakeGenerator(), generator_fraction=1.0,
+                                     balanced=True)(None, np.arange(4), step=0)
+    assert [f == "No hint" for _, f in pairs] == [True, False, False, True]
+    assert pairs[0][0].endswith("#0: add ( number1, number0 )")
+    assert pairs[2][0].endswith("#0: subtract ( number0, number1 )")
+
+
 def test_critic_pairs_from_the_generator_carry_the_oracle_feedback():
     task = get_task("mwp")
     ex = Example("p0", "Tom has number0 apples and buys number1 more . How many apples ?",
@@ -248,6 +276,27 @@ def test_all_stages_run_skip_and_resume(tmp_path, capsys):
     c2.model.preset = "t5-small"
     with pytest.raises(config_lib.ConfigError, match="different config.model"):
         pipeline.run(c2, workdir, stages=("critic",))
+
+
+def test_solve_mode_critic_trains_on_fresh_problems_and_is_calibrated(tmp_path):
+    from refiner_jax import refine
+
+    c = tiny_config()
+    c.critic.mode, c.critic.fresh_problems, c.critic.calibration_examples = "solve", 64, 12
+    workdir = str(tmp_path / "run")
+    results = pipeline.run(c, workdir, stages=("warmup", "critic"))
+    assert 0.0 <= results["critic"]["paired_auroc"] <= 1.0 and "feedback_em/any_error" in results["critic"]
+    calibration = json.load(open(os.path.join(workdir, "critic", refine.CALIBRATION_FILE)))
+    assert calibration["generator"] == "warmup" and calibration["n"] == 12
+    assert calibration["after"] >= calibration["before"]  # "never intervene" is one of the candidate thresholds
+    critic = refine.load_critic(workdir)
+    assert isinstance(critic, refine.SolverCritic) and critic.threshold == calibration["threshold"]
+    assert critic.model.max_input == c.lengths.input and critic.model.max_output == c.lengths.target
+    # The critic learned x -> z* on train plus the fresh problems: one epoch is (256 + 64) / 8 = 40 steps.
+    task = refine.RunInfo.load(workdir).task()
+    assert len(task.fresh_problems(64)) == 64
+    feedback = critic.feedback(task.load("val")[:4], ["#0: add ( number0, number1 )"] * 4)
+    assert len(feedback) == 4 and all(isinstance(f, str) and f for f in feedback)
 
 
 def test_model_critic_prefers_no_hint_when_it_is_the_more_likely_sequence():

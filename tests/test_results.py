@@ -36,9 +36,10 @@ RESULTS = {
                         "operator": {"n": 50, **_ci(0.8, 0.68, 0.9)}},
         "has_error": {"precision": 0.9, "recall": 0.8, "f1": 0.8470588, "true_positives": 128,
                       "predicted_errors": 142, "gold_errors": 160},
-        "auroc": 0.8125,
+        "auroc": 0.8125, "paired_auroc": 0.9,
         "on_generator": {"n": 200, "feedback_em": 0.55,  # written before AUROC was measured: no "auroc"
                          "has_error": {"precision": float("nan"), "recall": 0.0, "f1": float("nan")}},
+        "on_generator_samples": {"paired_auroc": 0.725, "hypotheses": 610, "wrong": 300, "problems_with_pairs": 90},
     },
     "noise": {"primary_metric": "equation_em_canonical", "turns": 3,
               "rows": [{"epsilon": e, **_ci(m, m - 0.06, m + 0.06)} for e, m in
@@ -60,8 +61,8 @@ def test_markdown_tables_hand_checked():
     assert "† corpus-level metric" in md
     assert "| trained critic | 0 → 3 | 14 | 5 | +9 | 41 |" in md
     assert "| no_error | 40 | 95.0 [87.5, 100.0] |" in md
-    assert "| held-out perturbations | 200 | 90.0 | 80.0 | 84.7 | 81.2 | – |" in md
-    assert "| generator's turn-0 hypotheses | 200 | – | 0.0 | – | – | 55.0 |" in md
+    assert "| held-out perturbations | 200 | 90.0 | 80.0 | 84.7 | 81.2 | 90.0 | – |" in md
+    assert "| generator's turn-0 hypotheses | 200 | – | 0.0 | – | – | 72.5 | 55.0 |" in md
     assert "| 0.25 | 60.0 [54.0, 66.0] |" in md
     assert "| critic | 1200 | feedback_em=0.71 |" in md
     assert "| refiner | 400 | equation_em_canonical=0.5 |" in md

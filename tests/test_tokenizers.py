@@ -183,6 +183,21 @@ def test_subword_learns_formula_tokens_whole(subword):
     assert subword.vocab_size <= 512
 
 
+def test_subword_can_split_punctuation_from_placeholders():
+    split = train_subword_tokenizer(_mwp_like_texts(300), vocab_size=512, split_punctuation=True)
+    text = "#0: add ( number0, #1 ) | Tom has number0."
+
+    def pieces(tok):
+        return [tok.decode([i]) for i in tok.encode(text, add_eos=False)]
+
+    # A placeholder is the same token before a comma, a bracket or a full stop; "#0:" stays one step label.
+    assert pieces(split)[:7] == ["#0:", " add", " (", " number0", ",", " #1", " )"]
+    assert pieces(split)[-2:] == [" number0", "."]
+    assert split.decode(split.encode(text)) == text
+    unsplit = train_subword_tokenizer(_mwp_like_texts(300), vocab_size=512)
+    assert " number0," in pieces(unsplit)
+
+
 def test_subword_vocab_size_too_small():
     with pytest.raises(ValueError, match="vocab_size=100"):
         train_subword_tokenizer(["a b"], vocab_size=100)

@@ -144,11 +144,15 @@ def _parse_step(piece: str, index: int) -> Step | str:
 
 
 def _pieces(text: str) -> list[str]:
-    """The `|`-separated items of a formula, stripped, without empty items or a trailing end marker."""
+    """The `|`-separated items of a formula, stripped, without empty items or a trailing end marker (an item of its
+    own, "... | EOS", or the end of the last item, as in REFINER's bare-number formulas "number0 <END>")."""
     pieces = [p.strip() for p in text.split("|")]
     pieces = [p for p in pieces if p]
-    if pieces and pieces[-1] in _END_MARKERS:
-        pieces.pop()
+    if pieces:
+        *rest, last = pieces[-1].rsplit(None, 1)
+        if last in _END_MARKERS:
+            pieces[-1] = rest[0] if rest else ""
+            pieces = [p for p in pieces if p]
     return pieces
 
 
@@ -568,13 +572,19 @@ class MWPTask:
                                    self.val_size, self.seed)
         return train if split == "train" else val
 
+    def fresh_problems(self, n: int, data_dir: str | None = None) -> list[Example]:
+        """`n` problems of the embedded generator that no split holds (for a critic trained on more problems than
+        the generator sees); [] when the task reads a dataset (`data_dir`), which has no generator."""
+        if data_dir is not None or n <= 0:
+            return []
+        problems = synthetic_mwp.generate_splits({**self.synthetic_sizes, "extra": n}, seed=self.seed)["extra"]
+        return [_synthetic_example(p) for p in problems]
+
     def _synthetic(self) -> dict[str, tuple[Example, ...]]:
         if self._synthetic_cache is None:
             problems = synthetic_mwp.generate_splits(self.synthetic_sizes, seed=self.seed)
-            self._synthetic_cache = {
-                split: tuple(_example_from_fields(p.uid, p.question, p.numbers, p.equation, p.answer,
-                                                  {"family": p.family, "domain": p.domain}) for p in items)
-                for split, items in problems.items()}
+            self._synthetic_cache = {split: tuple(_synthetic_example(p) for p in items)
+                                     for split, items in problems.items()}
         return self._synthetic_cache
 
     # -- critic
@@ -688,6 +698,11 @@ class MWPTask:
         n = max(len(examples), 1)
         keys = ("equation_em_strict", "equation_em_canonical", "answer_accuracy", "parse_rate", "execution_rate")
         return {k: totals[k] / n for k in keys}
+
+
+def _synthetic_example(p: synthetic_mwp.Problem) -> Example:
+    return _example_from_fields(p.uid, p.question, p.numbers, p.equation, p.answer,
+                                {"family": p.family, "domain": p.domain})
 
 
 def _gold_answer(example: Example) -> float:

@@ -519,11 +519,14 @@ def generate_problem(rng: random.Random, uid: str = "synth") -> Problem:
 
 
 def generate_splits(sizes: dict[str, int], seed: int = 0) -> dict[str, list[Problem]]:
-    """Disjoint train/val/test problems (no masked question text appears in two splits), deterministic in seed."""
+    """Disjoint train/val/test problems (no masked question text appears in two splits), deterministic in seed.
+
+    Other keys of `sizes` (e.g. "extra": problems for a critic that the generator never sees) are drawn after
+    test from the same stream, so adding them leaves train/val/test unchanged."""
     rng = random.Random(f"synthetic-mwp-{seed}")
     seen: set[str] = set()
     splits: dict[str, list[Problem]] = {}
-    for split in ("train", "val", "test"):
+    for split in ("train", "val", "test", *sorted(set(sizes) - {"train", "val", "test"})):
         problems = []
         while len(problems) < sizes.get(split, 0):
             problem = generate_problem(rng, f"synth-{split}-{len(problems)}")

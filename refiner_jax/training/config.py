@@ -11,6 +11,7 @@ import ml_collections
 
 from refiner_jax import sharding as shd
 from refiner_jax.models.t5 import HUB_NAMES, PRESETS
+from refiner_jax.refine import CRITIC_MODES
 from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE
 from refiner_jax.training.optim import make_schedule
 
@@ -34,9 +35,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.seed = 0
 
     c.task = ml_collections.ConfigDict({"name": "mwp", "data_dir": "", "options": {}})
-    # subword: trained on the run's own training texts (saved in the workdir); byte: no files; hf: `path` names a
-    # transformers tokenizer directory (or hub name when online).
-    c.tokenizer = ml_collections.ConfigDict({"kind": "subword", "vocab_size": 1024, "path": ""})
+    # subword: trained on the run's own training texts (saved in the workdir), with punctuation split from words
+    # and numbers when `split_punctuation`; byte: no files; hf: `path` names a transformers tokenizer directory (or
+    # hub name when online).
+    c.tokenizer = ml_collections.ConfigDict({"kind": "subword", "vocab_size": 1024, "path": "",
+                                             "split_punctuation": False})
     # `preset` names the architecture; `checkpoint` (a transformers T5 directory or hub name) imports weights.
     c.model = ml_collections.ConfigDict({"preset": "t5-tiny", "checkpoint": "", "dropout_rate": 0.1,
                                          "dtype": "float32", "param_dtype": "float32", "remat": False})
@@ -56,12 +59,18 @@ def base_config() -> ml_collections.ConfigDict:
     c.warmup = ml_collections.ConfigDict({
         "fraction": 1.0, "steps": 500, "batch_size": 32, "microbatches": 1, "optimizer": _optimizer(2e-3),
         "eval_every": 250, "eval_examples": 300, "feedback_fraction": 0.5})
-    # Stage 2: the critic, (x + hypothesis) -> feedback, on gold and perturbed hypotheses (the paper), and with
-    # `generator_fraction` > 0 that share of each batch on the warmed-up generator's own samples (nucleus
-    # `generator_top_p`) with the oracle's feedback.
+    # Stage 2: the critic. mode "feedback" (the paper): (x + hypothesis) -> feedback, on gold and perturbed
+    # hypotheses, and with `generator_fraction` > 0 that share of each batch on the warmed-up generator's own samples
+    # (nucleus `generator_top_p`) with the oracle's feedback; `balanced` gives each problem of a batch a right and a
+    # wrong hypothesis (`training.refiner.critic_pairs`). mode "solve": x -> z* on train plus `fresh_problems`
+    # problems of the task's generator that no split holds; at inference it solves, then compares
+    # (`refine.SolverCritic`). Either way its "No hint" threshold is then calibrated on `calibration_examples`
+    # problems that no stage trains or selects checkpoints on, with the latest generator
+    # (`<workdir>/critic/calibration.json`, `evaluate.calibrate_for_refinement`).
     c.critic = ml_collections.ConfigDict({
-        "steps": 500, "batch_size": 32, "microbatches": 1, "optimizer": _optimizer(2e-3), "eval_every": 250,
-        "eval_examples": 300, "generator_fraction": 0.5, "generator_top_p": 1.0})
+        "mode": "feedback", "steps": 500, "batch_size": 32, "microbatches": 1, "optimizer": _optimizer(2e-3),
+        "eval_every": 250, "eval_examples": 300, "generator_fraction": 0.5, "generator_top_p": 1.0,
+        "balanced": False, "fresh_problems": 0, "calibration_examples": 1000})
     # Stage 3: the REFINER loop (generator initialised from the warm-up). The warmed-up t5-tiny mostly repeats its
     # hypothesis whatever the feedback; this stage is where it learns to act on it (with 150 steps, the oracle's
     # gain varied between +3.9 and +11.7 EM from run to run; 450 steps gave +11.7).
@@ -98,6 +107,8 @@ def use_paper_settings(c: ml_collections.ConfigDict, preset: str) -> None:
         stage.microbatches = 4
     c.critic.steps = c.warmup.steps = c.refiner.steps = 20000
     c.warmup.fraction = 0.1
+    c.critic.mode = "feedback"
+    c.critic.fresh_problems = 0
     c.critic.generator_fraction = 0.0  # the paper's critic learns from perturbations only
     c.model.dtype = "bfloat16"
 
@@ -150,6 +161,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
             raise ConfigError(f"config.{stage_name}.optimizer: {e}") from e
     need(0.0 < c.warmup.fraction <= 1.0, "warmup.fraction", "must be in (0, 1]")
     need(0.0 <= c.warmup.feedback_fraction <= 1.0, "warmup.feedback_fraction", "must be a share in [0, 1]")
+    need(c.critic.mode in CRITIC_MODES, "critic.mode",
+         f"{c.critic.mode!r} is not a critic mode; use feedback (x + hypothesis -> feedback, the paper) or solve")
+    need(c.critic.fresh_problems >= 0, "critic.fresh_problems", "must be >= 0 (extra generated problems)")
+    need(c.critic.calibration_examples >= 1, "critic.calibration_examples", "must be >= 1 (held-out problems)")
     need(0.0 <= c.critic.generator_fraction <= 1.0, "critic.generator_fraction", "must be a share in [0, 1]")
     need(0.0 < c.critic.generator_top_p <= 1.0, "critic.generator_top_p", "must be in (0, 1]")
     r = c.refiner

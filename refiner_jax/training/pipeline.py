@@ -1,4 +1,5 @@
-"""A whole REFINER run: tokenizer, generator warm-up, critic, REFINER loop, evaluation — in order, resumable.
+"""A whole REFINER run: tokenizer, generator warm-up, critic, REFINER loop, critic calibration, evaluation — in
+order, resumable.
 
 `run(config, workdir)` validates the config, then runs each stage that has not finished (a finished stage leaves
 `<workdir>/<stage>/DONE`; an interrupted one resumes from its last checkpoint). The workdir keeps `config.json`
@@ -22,7 +23,7 @@ from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax import sharding as shd
 from refiner_jax.models import hf
 from refiner_jax.models.t5 import T5Config, preset
-from refiner_jax.refine import TextModel
+from refiner_jax.refine import CALIBRATION_FILE, ModelCritic, RunInfo, SolverCritic, TextModel, load_critic
 from refiner_jax.tasks import get_task
 from refiner_jax.tasks.base import NO_HINT, Example, Task, refine_input
 from refiner_jax.tokenizers import (ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer, padded_vocab_size,
@@ -46,8 +47,10 @@ def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> bo
         old = json.load(f)
     if old.get("task", {}).get("data_dir"):  # recorded relative by older runs: compare the folders themselves
         old["task"]["data_dir"] = os.path.abspath(old["task"]["data_dir"])
+    defaults = json.loads(config_lib.base_config().to_json())
     for section in _FROZEN_SECTIONS:
-        if old.get(section) != new.get(section):
+        # A field added since the run was made had its default then.
+        if {**defaults.get(section, {}), **old.get(section, {})} != new.get(section):
             raise config_lib.ConfigError(
                 f"{workdir} was trained with a different config.{section} ({old.get(section)} vs "
                 f"{new.get(section)}); use a fresh --workdir, or delete the stages to retrain")
@@ -93,7 +96,8 @@ def _make_tokenizer(config, task: Task, train: list[Example]) -> Tokenizer:
                   refine_input("", hypothesis, feedback.text, config.refiner.template)]
     texts.append(NO_HINT)
     return train_subword_tokenizer(texts, config.tokenizer.vocab_size,
-                                   extra_special_tokens=tuple(getattr(task, "special_tokens", ())))
+                                   extra_special_tokens=tuple(getattr(task, "special_tokens", ())),
+                                   split_punctuation=config.tokenizer.split_punctuation)
 
 
 def model_setup(config, tokenizer: Tokenizer) -> tuple[T5Config, Any]:
@@ -122,7 +126,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
     built_on_warmup = {
         "critic": "config.critic.generator_fraction > 0: the critic samples from the warmed-up generator",
         "refiner": "the refiner stage starts from the warmed-up generator"}
-    if config.critic.generator_fraction <= 0:
+    if config.critic.generator_fraction <= 0 or config.critic.mode == "solve":
         del built_on_warmup["critic"]
     for name, why in built_on_warmup.items():
         if (name in stages and "warmup" not in stages and stage_done(workdir, name) is None
@@ -175,20 +179,82 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
     def warmed_up_params():
         return ckpt_lib.load_params(os.path.join(workdir, "warmup", "export"))[0]
 
+    critic_val = val[:config.critic.eval_examples]
+
     def critic_spec():
-        eval_set = refiner_lib.critic_eval_set(task, val[:config.critic.eval_examples], config.seed)
+        if config.critic.mode == "solve":
+            problems = train + fresh_problems()[1]
+            return StageSpec(
+                "critic", config.critic, len(problems), refiner_lib.warmup_pairs(problems, task, seed=config.seed),
+                lambda p: refiner_lib.critic_validation(
+                    task, SolverCritic(text_model(p, lengths.input, lengths.target), task), critic_val, config.seed),
+                "paired_auroc", lengths.input, lengths.target)
         generator = None
         if config.critic.generator_fraction > 0:
             sampled = max(1, int(round(config.critic.batch_size * config.critic.generator_fraction)))
             generator = TextModel(model_config, warmed_up_params(), tokenizer, lengths.input, lengths.target,
                                   bucket=lengths.input, batch_size=sampled, mesh=mesh)
         pairs = refiner_lib.critic_pairs(task, train, config.seed, generator, config.critic.generator_fraction,
-                                         top_p=config.critic.generator_top_p)
+                                         top_p=config.critic.generator_top_p, balanced=config.critic.balanced)
         return StageSpec(
             "critic", config.critic, len(train), pairs,
-            lambda p: refiner_lib.critic_metrics(task, text_model(p, lengths.critic_input, lengths.feedback),
-                                                 eval_set),
-            "feedback_em", lengths.critic_input, lengths.feedback)
+            lambda p: refiner_lib.critic_validation(
+                task, ModelCritic(text_model(p, lengths.critic_input, lengths.feedback), task), critic_val,
+                config.seed),
+            "paired_auroc", lengths.critic_input, lengths.feedback)
+
+    def fresh_problems() -> tuple[list[Example], list[Example]]:
+        """(calibration, critic training) problems from the task's generator, no split's: the first
+        `critic.calibration_examples`, then `critic.fresh_problems`; ([], []) for a task that reads a dataset."""
+        fresh = getattr(task, "fresh_problems", None)
+        count = config.critic.calibration_examples
+        problems = fresh(count + config.critic.fresh_problems, config.task.data_dir or None) if fresh else []
+        return problems[:count], problems[count:]
+
+    def calibration_problems() -> list[Example]:
+        """Problems no stage trained on or chose a checkpoint by: fresh ones, else the validation problems past
+        those the stages validate on (a generator chosen on a problem looks better there than it is), else all of
+        validation."""
+        held_out = fresh_problems()[0]
+        if held_out:
+            return held_out
+        used = max(config[name].eval_examples for name in ("warmup", "critic", "refiner"))
+        count = config.critic.calibration_examples
+        return val[used:used + count] or val[:count]
+
+    def calibrate_critic():
+        """Calibrates the trained critic's "No hint" threshold on `calibration_problems`, with the best generator
+        trained so far (`evaluate.calibrate_for_refinement`: the threshold that helps one refinement turn most);
+        without a generator, by error-detection accuracy on perturbations. Done again when a better generator
+        (the REFINER one) has been trained since."""
+        from refiner_jax import evaluate
+
+        path = os.path.join(workdir, "critic", CALIBRATION_FILE)
+        generators = [name for name in ("refiner", "warmup") if stage_done(workdir, name) is not None]
+        source = generators[0] if generators else "perturbations"
+        if stage_done(workdir, "critic") is None:
+            return
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                if json.load(f).get("generator") == source:
+                    return
+        critic = load_critic(RunInfo(workdir, json.loads(config.to_json())), task, config.eval.batch_size, mesh)
+        examples = calibration_problems()
+        if generators:
+            params = ckpt_lib.load_params(os.path.join(workdir, source, "export"))[0]
+            calibration = evaluate.calibrate_for_refinement(
+                task, critic, text_model(params, lengths.refine_input, lengths.target), examples,
+                config.refiner.template)
+        else:
+            hypotheses = [task.perturb(ex, random.Random(config.seed + i))[0] for i, ex in enumerate(examples)]
+            calibration = refiner_lib.calibrate_critic(task, critic, examples, hypotheses)
+        calibration["generator"] = source
+        if shd.is_main_process():
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(calibration, f, indent=2)
+            print("[critic] calibrated: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                                      for k, v in calibration.items()))
+        shd.sync_processes("critic calibrated")
 
     def generator_eval(examples):
         def evaluate(p):
@@ -217,6 +283,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
         run_stage("refiner", refiner_spec, warmed_up_params())  # the loop starts from the warmed-up generator
     else:
         results["refiner"] = stage_done(workdir, "refiner")
+    if {"critic", "refiner", "eval"} & set(stages):
+        calibrate_critic()
     results["eval"] = stage_done(workdir, "eval")
     if "eval" in stages and results["eval"] is None:
         from refiner_jax import evaluate, results as results_lib

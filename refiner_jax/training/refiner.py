@@ -19,8 +19,8 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from refiner_jax.refine import ModelCritic, TextModel
-from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task, feedback_matches, refine_input
+from refiner_jax.refine import TextModel
+from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task, refine_input
 
 
 def _rng(seed: int, step: int, *salt: int) -> random.Random:
@@ -28,7 +28,8 @@ def _rng(seed: int, step: int, *salt: int) -> random.Random:
 
 
 def critic_pairs(task: Task, examples: Sequence[Example], seed: int, generator: TextModel | None = None,
-                 generator_fraction: float = 0.0, top_p: float = 1.0, temperature: float = 1.0):
+                 generator_fraction: float = 0.0, top_p: float = 1.0, temperature: float = 1.0,
+                 balanced: bool = False):
     """`make_pairs` for the critic: one fresh perturbation (or the unchanged gold) per example and step.
 
     With a `generator` (the warmed-up one) and `generator_fraction` > 0, that share of each batch instead gets a
@@ -36,6 +37,10 @@ def critic_pairs(task: Task, examples: Sequence[Example], seed: int, generator: 
     errors a real generator makes, and its correct answers, which perturbations of the gold do not look like. The
     critic trained on perturbations alone learns surface cues of the perturbations and cannot tell a right
     generated hypothesis from a wrong one.
+
+    `balanced` gives every problem of the batch a right and a wrong hypothesis side by side (half as many problems
+    per batch): "No hint" is then equally likely for every problem, so it cannot be predicted from how hard the
+    problem looks, only from the hypothesis. A generator sample is paired with a perturbation of the opposite kind.
     """
     if generator_fraction > 0 and generator is None:
         raise ValueError("critic_pairs: generator_fraction > 0 needs the generator to sample from")
@@ -43,42 +48,62 @@ def critic_pairs(task: Task, examples: Sequence[Example], seed: int, generator: 
     def make(params: Any, indices: np.ndarray, step: int):
         rng = _rng(seed, step)
         batch = [examples[int(i)] for i in indices]
-        sampled = int(round(len(batch) * generator_fraction))
+        problems = batch[:(len(batch) + 1) // 2] if balanced else batch
+        sampled = int(round(len(problems) * generator_fraction))
         hypotheses: list[str] = []
         if sampled:
             key = jax.random.fold_in(jax.random.key(seed + 1), step)
-            hypotheses = [h[0] for h in generator.generate([ex.x for ex in batch[:sampled]], top_p=top_p,
+            hypotheses = [h[0] for h in generator.generate([ex.x for ex in problems[:sampled]], top_p=top_p,
                                                              temperature=temperature, rng=key)]
         pairs = []
-        for k, ex in enumerate(batch):
+        for k, ex in enumerate(problems):
             if k < sampled:
                 hypothesis, feedback = hypotheses[k], task.oracle_feedback(ex, hypotheses[k])
             else:
                 hypothesis, feedback = task.perturb(ex, rng)
             pairs.append((task.critic_input(ex, hypothesis), feedback.text))
+            if balanced and len(pairs) < len(batch):
+                partner, partner_feedback = _perturbation(task, ex, rng, right=not feedback.ok)
+                pairs.append((task.critic_input(ex, partner), partner_feedback.text))
         return pairs
 
     return make
 
 
-def critic_eval_set(task: Task, examples: Sequence[Example], seed: int) -> list[tuple[Example, str, Any]]:
-    """A fixed held-out set of (example, perturbed hypothesis, oracle feedback) for critic evaluation."""
-    rng = random.Random(seed + 7919)
-    return [(ex, *task.perturb(ex, rng)) for ex in examples]
+def _perturbation(task: Task, example: Example, rng: random.Random, right: bool, tries: int = 50):
+    """A perturbation of the gold that is right (no error) or wrong, as asked; the gold itself when a right one
+    is asked for and none was drawn."""
+    for _ in range(tries):
+        hypothesis, feedback = task.perturb(example, rng)
+        if feedback.ok == right:
+            return hypothesis, feedback
+    if right:
+        return example.z, task.oracle_feedback(example, example.z)
+    raise ValueError(f"task {task.name!r} made no wrong perturbation of {example.uid} in {tries} tries")
 
 
-def critic_metrics(task: Task, critic: TextModel, eval_set) -> dict[str, float]:
-    """Feedback exact match (order-insensitive over sentences), overall and per error type of the gold feedback."""
-    predictions = ModelCritic(critic, task).feedback([ex for ex, _, _ in eval_set], [h for _, h, _ in eval_set])
-    hits: dict[str, list[bool]] = {}
-    for pred, (_, _, gold) in zip(predictions, eval_set):
-        ok = feedback_matches(pred, gold.text)
-        kinds = {e.kind for e in gold.errors} or {"no_error"}
-        for kind in kinds | {"all"}:
-            hits.setdefault(kind, []).append(ok)
-    out = {"feedback_em": float(np.mean(hits["all"]))}
-    out.update({f"feedback_em/{k}": float(np.mean(v)) for k, v in sorted(hits.items()) if k != "all"})
+def critic_validation(task: Task, critic, examples: Sequence[Example], seed: int) -> dict[str, float]:
+    """The critic stage's validation figures: within-problem AUROC of its confidence (each problem's gold vs its
+    perturbations, `evaluate.paired_auroc`), and feedback exact match on a fixed perturbation set, overall, on right
+    ("no_error") and wrong hypotheses and per error kind."""
+    from refiner_jax import evaluate
+
+    quality = evaluate.critic_quality(task, critic, examples, seed, bootstrap_samples=1)
+    out = {"paired_auroc": quality["paired_auroc"], "feedback_em": quality["feedback_em"]["all"]["mean"]}
+    out.update({f"feedback_em/{k}": v["mean"] for k, v in quality["feedback_em"].items() if k != "all"})
     return out
+
+
+def calibrate_critic(task: Task, critic, examples: Sequence[Example], hypotheses: Sequence[str]) -> dict[str, float]:
+    """The critic's "No hint" threshold that best separates right from wrong `hypotheses` (one per example, e.g. the
+    warmed-up generator's answers to validation problems), and the figures behind it."""
+    from refiner_jax import evaluate
+
+    has_error = [not task.oracle_feedback(ex, h).ok for ex, h in zip(examples, hypotheses)]
+    confidence = critic.confidence(list(examples), list(hypotheses))
+    threshold, accuracy = evaluate.calibrate_threshold(confidence, has_error)
+    return {"threshold": threshold, "accuracy": accuracy, "n": len(has_error), "wrong": int(sum(has_error)),
+            "auroc": evaluate.error_auroc(confidence, has_error)}
 
 
 def warmup_pairs(examples: Sequence[Example], task: Task, feedback_fraction: float = 0.0,

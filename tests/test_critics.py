@@ -1,0 +1,138 @@
+"""The trained critics' decision rules and quality figures, on hand-worked cases: the solve-then-compare critic,
+the calibrated "No hint" threshold and the within-problem AUROC."""
+import numpy as np
+import pytest
+
+from refiner_jax import evaluate, refine
+from refiner_jax.tasks import get_task
+from refiner_jax.tasks.base import NO_HINT, Example
+
+GOLD = "#0: multiply ( number0, number1 ) | #1: subtract ( #0, number2 )"
+
+
+class FakeSolver:
+    """A critic model whose greedy solution and log-probabilities are given by tables; counts its decodes."""
+
+    def __init__(self, solutions, log_probs):
+        self.solutions, self.log_probs, self.decoded = solutions, log_probs, []
+
+    def generate_with_log_probs(self, texts):
+        self.decoded += list(texts)
+        return [[self.solutions[t]] for t in texts], np.array([[self.log_probs[(t, self.solutions[t])]] for t in texts])
+
+    def score(self, texts, targets):
+        return np.array([self.log_probs[(t, y)] for t, y in zip(texts, targets)])
+
+
+def test_solver_critic_compares_against_its_own_solution():
+    task = get_task("mwp")
+    a = Example("a", "question a", GOLD, "1", {"numbers": [2.0, 3.0, 1.0]})
+    b = Example("b", "question b", GOLD, "1", {"numbers": [2.0, 3.0, 1.0]})
+    wrong_op = "#0: add ( number0, number1 ) | #1: subtract ( #0, number2 )"
+    rewrite = "#0: multiply ( number1, number0 ) | #1: subtract ( #0, number2 )"  # the same formula
+    # The critic solves a correctly; on b its own answer is malformed (nothing to compare against).
+    model = FakeSolver({"question a": GOLD, "question b": "#0: multiply ( number0"},
+                       {("question a", GOLD): -1.0, ("question a", wrong_op): -4.0, ("question a", "number0"): -0.5,
+                        ("question b", "#0: multiply ( number0"): -2.0})
+    critic = refine.SolverCritic(model, task)
+    hypotheses = [GOLD, rewrite, wrong_op, "number0", wrong_op]
+    examples = [a, a, a, a, b]
+    assert critic.feedback(examples, hypotheses) == [
+        NO_HINT, NO_HINT, "The operator in #0 is incorrect.",
+        NO_HINT,  # wrong by the check, but more likely than the critic's own answer (-0.5 >= -1.0 + 0)
+        NO_HINT]
+    # Confidence: 0 where the check agrees (or cannot judge), log p(h) - log p(z_c) elsewhere.
+    np.testing.assert_allclose(critic.confidence(examples, hypotheses), [0.0, 0.0, -3.0, 0.5, 0.0])
+    assert model.decoded == ["question a", "question b"]  # each question solved once, then reused
+    # A calibrated threshold above the confidence of "number0" makes the critic object to it too.
+    strict = refine.SolverCritic(model, task, threshold=1.0)
+    assert strict.feedback([a], ["number0"]) == ["An operator is missing."]
+    with pytest.raises(ValueError, match="2 problems but 1 hypotheses"):
+        critic.feedback([a, b], [GOLD])
+
+
+def test_model_critic_threshold_decides_no_hint():
+    class Fixed:
+        def generate_with_log_probs(self, texts):
+            return [["The operator in #0 is incorrect."] for _ in texts], np.zeros((len(texts), 1))
+
+        def score(self, texts, targets):
+            return np.array([{"a z": -0.2, "b z": -3.0}[t] for t in texts])
+
+    class Task:
+        def critic_input(self, ex, h):
+            return f"{ex.x} {h}"
+
+    critic = refine.ModelCritic(Fixed(), Task(), threshold=-1.0)
+    examples = [Example("0", "a", "", ""), Example("1", "b", "", "")]
+    assert critic.feedback(examples, ["z", "z"]) == [NO_HINT, "The operator in #0 is incorrect."]
+    np.testing.assert_allclose(critic.confidence(examples, ["z", "z"]), [-0.2, -3.0])
+
+
+def test_paired_auroc_ignores_how_hard_a_problem_looks():
+    # Problem e (easy): right 0.9, wrong 0.95; problem h (hard): right 0.1, wrong 0.2. Within each problem the
+    # wrong hypothesis scores higher, so the paired AUROC is 0; pooled, the right 0.9 beats the wrong 0.2 (1 of 4).
+    confidence, wrong, groups = [0.9, 0.95, 0.1, 0.2], [False, True, False, True], ["e", "e", "h", "h"]
+    assert evaluate.paired_auroc(confidence, wrong, groups) == 0.0
+    assert evaluate.error_auroc(confidence, wrong) == 0.25
+    # Pairs: p (right 0.9; wrong 0.1, 0.95) -> 1 win of 2; q (right 0.5, 0.5; wrong 0.5) -> 2 ties = 1 of 2;
+    # r has no wrong hypothesis and adds no pair: 2 / 4.
+    assert evaluate.paired_auroc([0.9, 0.1, 0.95, 0.5, 0.5, 0.5, 0.3], [0, 1, 1, 0, 0, 1, 0],
+                                 ["p", "p", "p", "q", "q", "q", "r"]) == 0.5
+    assert np.isnan(evaluate.paired_auroc([1.0, 2.0], [True, False], ["x", "y"]))
+
+
+def test_calibrated_threshold_separates_right_from_wrong():
+    # Wrong at -3 and -2, right at -1 and 0: "No hint" from the midpoint -1.5 up classifies all four right.
+    assert evaluate.calibrate_threshold([-3.0, -2.0, -1.0, 0.0], [True, True, False, False]) == (-1.5, 1.0)
+    # Right -2, wrong -1, right 0: thresholds below -2 (2/3 right) and at -0.5 (2/3) tie; the higher one is kept.
+    assert evaluate.calibrate_threshold([-2.0, -1.0, 0.0], [False, True, False]) == (pytest.approx(-0.5), 2 / 3)
+    # All right: a threshold below the lowest confidence (1 under it); all wrong: above the highest.
+    assert evaluate.calibrate_threshold([0.5, 0.7], [False, False]) == (-0.5, 1.0)
+    assert evaluate.calibrate_threshold([0.5, 0.7], [True, True]) == (1.7, 1.0)
+
+
+def test_paired_eval_set_gives_each_problem_its_gold_and_wrong_perturbations():
+    task = get_task("mwp", synthetic_sizes={"train": 0, "val": 20, "test": 0})
+    examples = task.load("val")
+    items = evaluate.paired_eval_set(task, examples, seed=3)
+    assert items == evaluate.paired_eval_set(task, examples, seed=3)  # fixed
+    for ex in examples:
+        mine = [(h, f) for e, h, f in items if e.uid == ex.uid]
+        assert mine[0] == (ex.z, task.oracle_feedback(ex, ex.z)) and mine[0][1].ok
+        assert len(mine) == 3 and all(not f.ok for _, f in mine[1:])
+        assert len({h for h, _ in mine}) == 3
+
+
+def test_calibration_keeps_the_revisions_that_help():
+    import dataclasses
+
+    task = get_task("mwp")
+    right, wrong = "#0: add ( number0, number1 )", "#0: subtract ( number0, number1 )"
+    examples = [Example(f"p{i}", f"q{i}", right, "7", {"numbers": [3.0, 4.0]}) for i in range(4)]
+    # Turn 0: p0 and p1 wrong, p2 and p3 right. The critic flags p0 (confidence -3), p1 (-0.5) and, falsely,
+    # p2 (-1); it accepts p3 (0). Revising fixes p0, leaves p1 wrong and breaks p2.
+    first = {"q0": wrong, "q1": wrong, "q2": right, "q3": right}
+    revised = {"q0": right, "q1": wrong, "q2": wrong}
+    confidence = {"q0": -3.0, "q1": -0.5, "q2": -1.0, "q3": 0.0}
+
+    class Generator:
+        def greedy(self, texts):
+            return [first[t] if t in first else revised[t.split()[0]] for t in texts]
+
+    @dataclasses.dataclass
+    class Critic:
+        threshold: float = 0.0
+
+        def feedback(self, exs, hyps):
+            return [NO_HINT if ex.x == "q3" or confidence[ex.x] >= self.threshold else "The operator in #0 is "
+                    "incorrect." for ex in exs]
+
+        def confidence(self, exs, hyps):
+            return np.array([confidence[ex.x] for ex in exs])
+
+    out = evaluate.calibrate_for_refinement(task, Critic(), Generator(), examples)
+    # Candidate thresholds -4, -2, -0.75, 0.5 keep the revisions of {}, {p0}, {p0, p2}, {p0, p1, p2}: EM 0.5, 0.75,
+    # 0.5, 0.5. At -2, "No hint" for p1, p2, p3: right on p2 and p3, wrong on p1 -> flag accuracy 3/4.
+    assert out["threshold"] == -2.0 and out["before"] == 0.5 and out["after"] == 0.75 and out["revised"] == 1
+    assert out["flag_accuracy"] == 0.75 and out["metric"] == "equation_em_canonical" and out["n"] == 4
