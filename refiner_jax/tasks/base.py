@@ -12,7 +12,7 @@ import os
 import pathlib
 import random
 import re
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Hashable, Mapping, Protocol, Sequence
 
 NO_HINT = "No hint"
 
@@ -97,6 +97,13 @@ class Task(Protocol):
 
     def step_labels(self, example: Example, hypothesis: str) -> list[bool]:
         """Per-step correctness of `hypothesis`, aligned with `split_steps` (process reward-model labels)."""
+
+    def outcome_label(self, example: Example, hypothesis: str) -> bool:
+        """Whether the hypothesis reaches the right final answer (outcome reward-model label)."""
+
+    def answer_key(self, example: Example, hypothesis: str) -> Hashable | None:
+        """The hypothesis' final answer in a form where equal answers compare equal (for voting among samples);
+        None when it has none."""
 
     def score(self, predictions: Sequence[str], examples: Sequence[Example]) -> dict[str, float]:
         """Task metrics of predicted hypotheses against the examples' gold ones (per-example means)."""

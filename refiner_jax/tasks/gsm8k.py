@@ -561,6 +561,13 @@ class GSM8KTask:
         """Outcome label: the solution's final answer equals the gold one (strict string rule if `strict`)."""
         return answers_match(extract_answer(solution, strict=self.strict), self._gold(example), self.strict)
 
+    def answer_key(self, example: Example, solution: str) -> str | Fraction | None:
+        """The final answer as a number (`Fraction`), or as written with `strict`; None when there is none."""
+        answer = extract_answer(solution, strict=self.strict) if isinstance(solution, str) else None
+        if answer is None or self.strict:
+            return answer
+        return _answer_value(answer)
+
     def orm_step_labels(self, example: Example, solution: str) -> list[bool]:
         """The outcome label repeated on every step (outcome reward-model targets)."""
         return [self.outcome_label(example, solution)] * len(self.split_steps(solution))

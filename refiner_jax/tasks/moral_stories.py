@@ -515,7 +515,19 @@ class MoralStoriesTask:
         return [split_output(hypothesis)[0]]
 
     def step_labels(self, example: Example, hypothesis: str) -> list[bool]:
-        return [self.oracle_feedback(example, hypothesis).ok]
+        return [self.outcome_label(example, hypothesis)]
+
+    def outcome_label(self, example: Example, hypothesis: str) -> bool:
+        """The norm is the gold one's in substance: the oracle finds it aligned and of the same judgment."""
+        return self.oracle_feedback(example, hypothesis).ok
+
+    def answer_key(self, example: Example, hypothesis: str) -> tuple[str, int | None] | None:
+        """The norm's judged action (lower-cased, end punctuation dropped) and judgment (+1/-1, None when the
+        norm states none); None for an empty norm. Rewordings of one judgment on one action vote together."""
+        parsed = parse_norm(split_output(hypothesis)[0]) if isinstance(hypothesis, str) else None
+        if parsed is None or not parsed.action.strip():
+            return None
+        return _strip_end(parsed.action.strip()).lower(), parsed.polarity
 
     # -- oracle
 

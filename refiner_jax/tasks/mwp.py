@@ -672,10 +672,16 @@ class MWPTask:
 
     # -- metrics
 
-    def is_correct(self, example: Example, hypothesis: str) -> bool:
+    def outcome_label(self, example: Example, hypothesis: str) -> bool:
         """Answer correctness of one hypothesis (the outcome label)."""
         return answers_match(execute(hypothesis, example.meta.get("numbers", ())), _gold_answer(example),
                              self.answer_rel_tol, self.answer_abs_tol)
+
+    def answer_key(self, example: Example, hypothesis: str) -> float | None:
+        """The executed answer to 6 significant digits (formulas that agree up to rounding vote together); None when
+        the hypothesis does not execute."""
+        value = execute(hypothesis, example.meta.get("numbers", ())) if isinstance(hypothesis, str) else None
+        return None if value is None else float(f"{value:.6g}") + 0.0  # + 0.0: -0.0 -> 0.0
 
     def score(self, predictions: Sequence[str], examples: Sequence[Example]) -> dict[str, float]:
         """Means over examples: `equation_em_strict` (string equality after whitespace normalisation),

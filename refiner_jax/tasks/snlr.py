@@ -590,6 +590,15 @@ class SNLRTask:
             labels.append(ok)
         return labels
 
+    def outcome_label(self, example: Example, hypothesis: str) -> bool:
+        """The chain concludes the gold consequents (HELM's exact set match of the last step's attributes)."""
+        return helm_attribute_set(hypothesis if isinstance(hypothesis, str) else "") == \
+            frozenset(example.meta["consequents"])
+
+    def answer_key(self, example: Example, hypothesis: str) -> frozenset | None:
+        """The concluded attributes (HELM's reading of the last step); None when the chain concludes nothing."""
+        return helm_attribute_set(hypothesis if isinstance(hypothesis, str) else "") or None
+
     # ---- metrics
 
     def score(self, predictions: Sequence[str], examples: Sequence[Example]) -> dict[str, float]:
