@@ -286,14 +286,16 @@ def calibrate_threshold(confidence: Sequence[float], has_error: Sequence[bool]) 
 
 def calibrate_for_refinement(task: Task, critic: refine.Critic, generator, examples: Sequence[Example],
                              template: str = DEFAULT_REFINE_TEMPLATE) -> dict[str, Any]:
-    """The "No hint" threshold of a trained critic that maximises the task's primary metric after one refinement
-    turn of `generator` on `examples` (validation problems), and the figures behind it.
+    """The "No hint" threshold of a trained critic for refining with `generator`, chosen on `examples` (held-out
+    problems) by the task's primary metric after one refinement turn, and the figures behind it.
 
     The critic's feedback without a threshold (`critic.threshold` = +inf: every error it can name) and its
     confidence are computed once on the generator's greedy hypotheses; the generator revises every hypothesis that
     got feedback, once. A threshold t then keeps the revision exactly where confidence < t, so every candidate t
-    (midpoints between the confidences, and both ends) is scored without decoding again. Ties go to the lower
-    threshold: the critic intervenes as little as the gain allows."""
+    (midpoints between the confidences, and both ends) is scored without decoding again. The chosen threshold is
+    the lowest whose metric is within one standard error of the best one's gain (the one-standard-error rule): the
+    curve is flat near its top, and its maximum on a finite set overfits towards intervening more, where a wrong
+    intervention breaks a right answer."""
     import dataclasses
 
     examples = list(examples)
@@ -315,10 +317,15 @@ def calibrate_for_refinement(task: Task, critic: refine.Critic, generator, examp
     candidates = np.concatenate([[values[0] - 1.0], (values[:-1] + values[1:]) / 2.0, [values[-1] + 1.0]])
     metric = np.array([np.mean(np.where(revise & (confidence < t), after, before)) for t in candidates])
     best = int(np.argmax(metric))
-    threshold = float(candidates[best])
+    gain = np.where(revise & (confidence < candidates[best]), after, before) - before  # [n] per problem
+    standard_error = float(gain.std(ddof=1) / np.sqrt(len(gain))) if len(gain) > 1 else 0.0
+    chosen = int(np.flatnonzero(metric >= metric[best] - standard_error)[0])
+    threshold = float(candidates[chosen])
     wrong = np.array([not task.oracle_feedback(ex, z).ok for ex, z in zip(examples, z0)])
-    return {"threshold": threshold, "metric": primary, "before": float(before.mean()), "after": float(metric[best]),
-            "n": len(examples), "revised": int(np.sum(revise & (confidence < threshold))),
+    return {"threshold": threshold, "metric": primary, "before": float(before.mean()), "after": float(metric[chosen]),
+            "best_threshold": float(candidates[best]), "best_after": float(metric[best]),
+            "standard_error": standard_error, "n": len(examples),
+            "revised": int(np.sum(revise & (confidence < threshold))),
             "flag_accuracy": float(np.mean((confidence >= threshold) != wrong)),
             "auroc": error_auroc(confidence, wrong)}
 

@@ -206,13 +206,17 @@ class SolverCritic:
     """A trained critic that solves the problem itself, then compares.
 
     Its model is trained as x -> z* (on more problems than the generator sees, where the task can make them); its
-    greedy solution z_c of x is the reference against which the task's structural check (`task.oracle_feedback`
-    with z_c as the gold) names the hypothesis' errors. It reads the hypothesis only through that check and through
-    `confidence` = log p(hypothesis | x) - log p(z_c | x) under its model (0 when the check finds no error), so its
-    verdict is relative to its own best answer for the same problem, not to how hard the problem looks. It says
-    "No hint" when the check finds nothing, when z_c is itself malformed (nothing to compare against), or when
-    the confidence reaches `threshold` (calibrated on validation, `evaluate.calibrate_threshold`; 0 by default:
-    a hypothesis at least as likely as its own answer is not criticised).
+    own answer z_c to x is the reference against which the task's structural check (`task.oracle_feedback` with z_c
+    as the gold) names the hypothesis' errors. It reads the hypothesis only through that check and through its
+    `confidence` (0 when the check finds no error), so its verdict is relative to its own best answer for the same
+    problem, not to how hard the problem looks:
+      * `samples` = 0: z_c is its greedy answer; confidence = log p(hypothesis | x) - log p(z_c | x);
+      * `samples` = K > 0: z_c is the answer most of its greedy answer and K samples (temperature 1) reach, voted
+        by `task.answer_key` (ties to the first); confidence = (votes for the hypothesis' answer - votes for z_c's)
+        / (K + 1), in [-1, 0].
+    It says "No hint" when the check finds nothing, when z_c is itself malformed (nothing to compare against), or
+    when the confidence reaches `threshold` (calibrated after training, `evaluate.calibrate_for_refinement`; 0 by
+    default: a hypothesis at least as likely as its own answer is not criticised).
 
         critic = SolverCritic(load_text_model(workdir + "/critic", tokenizer, 56, 24), get_task("mwp"))
         critic.feedback(examples, ["#0: add ( number0, number1 )", ...])   # -> ["The operator in #0 ...", ...]
@@ -221,14 +225,33 @@ class SolverCritic:
     model: TextModel
     task: Task
     threshold: float = 0.0
-    _references: dict = dataclasses.field(default_factory=dict, repr=False)  # x -> (z_c, log p(z_c | x))
+    samples: int = 0
+    # question -> (z_c, log p(z_c | x), votes per answer key or None)
+    _references: dict = dataclasses.field(default_factory=dict, repr=False)
 
-    def references(self, examples: Sequence[Example]) -> list[tuple[str, float]]:
-        """The critic's own greedy solution of each problem and its log-probability (decoded once per question)."""
-        missing = list(dict.fromkeys(ex.x for ex in examples if ex.x not in self._references))
+    def references(self, examples: Sequence[Example]) -> list[tuple[str, float, dict | None]]:
+        """The critic's own answer to each problem, its log-probability and (with `samples`) the votes per answer;
+        decoded once per question."""
+        missing = {ex.x: ex for ex in examples if ex.x not in self._references}
         if missing:
-            texts, log_probs = self.model.generate_with_log_probs(missing)
-            self._references.update({x: (t[0], float(lp[0])) for x, t, lp in zip(missing, texts, log_probs)})
+            questions = list(missing)
+            texts, log_probs = self.model.generate_with_log_probs(questions)
+            if not self.samples:
+                self._references.update({x: (t[0], float(lp[0]), None)
+                                         for x, t, lp in zip(questions, texts, log_probs)})
+            else:
+                sampled = self.model.generate(questions, num_samples=self.samples, temperature=1.0,
+                                              rng=jax.random.key(0))
+                for x, greedy, lp, more in zip(questions, texts, log_probs, sampled):
+                    answers = [greedy[0], *more]
+                    keys = [self.task.answer_key(missing[x], a) for a in answers]
+                    votes: dict = {}
+                    for key in keys:
+                        if key is not None:
+                            votes[key] = votes.get(key, 0) + 1
+                    winner = max(votes, key=votes.get) if votes else None  # dicts keep first-seen order: ties
+                    z_c = answers[keys.index(winner)] if winner is not None else greedy[0]
+                    self._references[x] = (z_c, float(lp[0]), votes)
         return [self._references[ex.x] for ex in examples]
 
     def judge(self, examples: Sequence[Example | str], hypotheses: Sequence[str]) -> tuple[list, np.ndarray]:
@@ -236,7 +259,7 @@ class SolverCritic:
         examples = _as_examples(self.task, examples, hypotheses)
         refs = self.references(examples)
         checks, to_score = [], []
-        for i, (ex, (z_c, _)) in enumerate(zip(examples, refs)):
+        for i, (ex, (z_c, _, _)) in enumerate(zip(examples, refs)):
             reference = dataclasses.replace(ex, z=z_c)
             if not self.task.oracle_feedback(reference, z_c).ok:
                 checks.append(None)
@@ -245,7 +268,12 @@ class SolverCritic:
             if not checks[-1].ok:
                 to_score.append(i)
         confidence = np.zeros(len(examples), np.float32)
-        if to_score:
+        if to_score and self.samples:
+            for i in to_score:
+                z_c, _, votes = refs[i]
+                mine = votes.get(self.task.answer_key(examples[i], hypotheses[i]), 0)
+                confidence[i] = (mine - votes.get(self.task.answer_key(examples[i], z_c), 0)) / (self.samples + 1)
+        elif to_score:
             log_probs = self.model.score([examples[i].x for i in to_score], [hypotheses[i] for i in to_score])
             confidence[to_score] = log_probs - np.array([refs[i][1] for i in to_score], np.float32)
         return checks, confidence
@@ -277,7 +305,8 @@ def load_critic(run: "RunInfo | str", task: Task | None = None, batch_size: int 
     model = load_text_model(critic_dir, run.tokenizer(), max_input, max_output, max_input, batch_size, mesh=mesh)
     threshold = read_calibration(critic_dir)
     if mode == "solve":
-        return SolverCritic(model, task) if threshold is None else SolverCritic(model, task, threshold)
+        samples = int(run.config.get("critic", {}).get("samples", 0))
+        return SolverCritic(model, task, 0.0 if threshold is None else threshold, samples)
     return ModelCritic(model, task, threshold=threshold)
 
 

@@ -131,8 +131,38 @@ def test_calibration_keeps_the_revisions_that_help():
         def confidence(self, exs, hyps):
             return np.array([confidence[ex.x] for ex in exs])
 
-    out = evaluate.calibrate_for_refinement(task, Critic(), Generator(), examples)
     # Candidate thresholds -4, -2, -0.75, 0.5 keep the revisions of {}, {p0}, {p0, p2}, {p0, p1, p2}: EM 0.5, 0.75,
-    # 0.5, 0.5. At -2, "No hint" for p1, p2, p3: right on p2 and p3, wrong on p1 -> flag accuracy 3/4.
-    assert out["threshold"] == -2.0 and out["before"] == 0.5 and out["after"] == 0.75 and out["revised"] == 1
-    assert out["flag_accuracy"] == 0.75 and out["metric"] == "equation_em_canonical" and out["n"] == 4
+    # 0.5, 0.5. The best, -2, gains 1 on a quarter of the problems.
+    # 25 copies of each problem: the gain's standard error is sd([1] * 25 + [0] * 75) / 10 = 0.0435, and only -2
+    # comes within it of 0.75. "No hint" there for p1, p2, p3: right on p2 and p3, wrong on p1 -> accuracy 3/4.
+    out = evaluate.calibrate_for_refinement(task, Critic(), Generator(), examples * 25)
+    assert out["threshold"] == -2.0 and out["before"] == 0.5 and out["after"] == 0.75 and out["revised"] == 25
+    assert out["flag_accuracy"] == 0.75 and out["metric"] == "equation_em_canonical" and out["n"] == 100
+    assert out["standard_error"] == pytest.approx(np.std([1] * 25 + [0] * 75, ddof=1) / 10)
+    # The 4 problems alone: the best gain's standard error is sd([1, 0, 0, 0]) / 2 = 0.25, so -4 (no revision, EM
+    # 0.5) is within it and, being the lowest threshold, is chosen.
+    alone = evaluate.calibrate_for_refinement(task, Critic(), Generator(), examples)
+    assert alone["threshold"] == -4.0 and alone["after"] == 0.5 and alone["revised"] == 0
+    assert alone["best_threshold"] == -2.0 and alone["best_after"] == 0.75
+
+
+def test_solver_critic_votes_its_reference_among_samples():
+    task = get_task("mwp")
+    ex = Example("a", "question a", "#0: multiply ( number0, number1 )", "6", {"numbers": [2.0, 3.0]})
+    add, mul = "#0: add ( number0, number1 )", "#0: multiply ( number0, number1 )"
+
+    class Sampler(FakeSolver):
+        def generate(self, texts, *, num_samples, temperature, rng):
+            assert num_samples == 4 and temperature == 1.0
+            self.decoded += list(texts)
+            return [[mul, "#0: multiply ( number1, number0 )", mul, "not a formula"] for _ in texts]
+
+    # Greedy answer 5 (add), samples 6, 6, 6 and none: 6 wins 3 votes to 1 of 5, and its first formula is z_c.
+    critic = refine.SolverCritic(Sampler({"question a": add}, {("question a", add): -0.1}), task, threshold=-0.5,
+                                 samples=4)
+    hypotheses = [add, "#0: multiply ( number1, number0 )", "#0: subtract ( number1, number0 )"]
+    # add: (1 - 3) / 5 = -0.4; the commuted product agrees with z_c: 0; subtract (answer 1, no votes): -3 / 5.
+    np.testing.assert_allclose(critic.confidence([ex] * 3, hypotheses), [-0.4, 0.0, -0.6])
+    assert critic.feedback([ex] * 3, hypotheses) == [NO_HINT, NO_HINT, "The operator in #0 is incorrect."]
+    assert critic.references([ex])[0][0] == mul
+    assert critic.model.decoded == ["question a", "question a"]  # one greedy and one sampled decode, then reused

@@ -1,4 +1,5 @@
-"""The README's "use the sampler in your own JAX project" snippet, executed verbatim (keep README and this in sync)."""
+"""The README's "use the sampler in your own JAX project" snippet, executed verbatim (keep README and this in sync),
+and the mesh example of docs/sampling.md."""
 import numpy as np
 
 SNIPPET = '''
@@ -81,20 +82,20 @@ def test_readme_shows_this_snippet():
     assert SNIPPET in readme
 
 
-def _readme_block(marker: str) -> str:
-    """The README's python code block that contains `marker`."""
+def _doc_block(document: str, marker: str) -> str:
+    """The python code block of `document` (a path in the repository) that contains `marker`."""
     import pathlib
     import re
 
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if marker in b]
-    assert len(blocks) == 1, f"expected one README python block with {marker!r}, found {len(blocks)}"
+    text = (pathlib.Path(__file__).resolve().parents[1] / document).read_text(encoding="utf-8")
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if marker in b]
+    assert len(blocks) == 1, f"expected one {document} python block with {marker!r}, found {len(blocks)}"
     return blocks[0]
 
 
-def test_readme_mesh_snippet_runs_on_two_host_devices():
-    """The README's `sample_t5(..., mesh=...)` block, run verbatim in a fresh process (it sets XLA_FLAGS before
-    JAX starts): 8 prompts x 4 samples, split 4 prompts per device."""
+def test_docs_mesh_snippet_runs_on_two_host_devices():
+    """docs/sampling.md's `sample_t5(..., mesh=...)` block, run verbatim in a fresh process (it sets XLA_FLAGS
+    before JAX starts): 8 prompts x 4 samples, split 4 prompts per device."""
     import os
     import pathlib
     import subprocess
@@ -103,7 +104,7 @@ def test_readme_mesh_snippet_runs_on_two_host_devices():
     repo = pathlib.Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(repo))
-    proc = subprocess.run([sys.executable, "-c", _readme_block("mesh=mesh")], env=env, cwd=repo,
+    proc = subprocess.run([sys.executable, "-c", _doc_block("docs/sampling.md", "mesh=mesh")], env=env, cwd=repo,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.strip().splitlines()[-1] == "(8, 4, 16) P('data',)"

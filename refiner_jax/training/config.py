@@ -63,14 +63,15 @@ def base_config() -> ml_collections.ConfigDict:
     # hypotheses, and with `generator_fraction` > 0 that share of each batch on the warmed-up generator's own samples
     # (nucleus `generator_top_p`) with the oracle's feedback; `balanced` gives each problem of a batch a right and a
     # wrong hypothesis (`training.refiner.critic_pairs`). mode "solve": x -> z* on train plus `fresh_problems`
-    # problems of the task's generator that no split holds; at inference it solves, then compares
+    # problems of the task's generator that no split holds; at inference it solves (its greedy answer, or with
+    # `samples` > 0 the answer most of its greedy answer and that many samples reach), then compares
     # (`refine.SolverCritic`). Either way its "No hint" threshold is then calibrated on `calibration_examples`
     # problems that no stage trains or selects checkpoints on, with the latest generator
     # (`<workdir>/critic/calibration.json`, `evaluate.calibrate_for_refinement`).
     c.critic = ml_collections.ConfigDict({
         "mode": "feedback", "steps": 500, "batch_size": 32, "microbatches": 1, "optimizer": _optimizer(2e-3),
         "eval_every": 250, "eval_examples": 300, "generator_fraction": 0.5, "generator_top_p": 1.0,
-        "balanced": False, "fresh_problems": 0, "calibration_examples": 1000})
+        "balanced": False, "fresh_problems": 0, "samples": 0, "calibration_examples": 2000})
     # Stage 3: the REFINER loop (generator initialised from the warm-up). The warmed-up t5-tiny mostly repeats its
     # hypothesis whatever the feedback; this stage is where it learns to act on it (with 150 steps, the oracle's
     # gain varied between +3.9 and +11.7 EM from run to run; 450 steps gave +11.7).
@@ -165,6 +166,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
          f"{c.critic.mode!r} is not a critic mode; use feedback (x + hypothesis -> feedback, the paper) or solve")
     need(c.critic.fresh_problems >= 0, "critic.fresh_problems", "must be >= 0 (extra generated problems)")
     need(c.critic.calibration_examples >= 1, "critic.calibration_examples", "must be >= 1 (held-out problems)")
+    need(c.critic.samples >= 0, "critic.samples", "must be >= 0 (0: the critic's greedy answer is its reference)")
     need(0.0 <= c.critic.generator_fraction <= 1.0, "critic.generator_fraction", "must be a share in [0, 1]")
     need(0.0 < c.critic.generator_top_p <= 1.0, "critic.generator_top_p", "must be in (0, 1]")
     r = c.refiner
