@@ -394,7 +394,7 @@ def test_fresh_problems_are_new_and_leave_the_splits_unchanged():
     assert not {e.x for e in fresh} & {e.x for v in splits.values() for e in v}
     assert splits == {s: mwp.MWPTask(synthetic_sizes=sizes).load(s) for s in ("train", "val", "test")}
     assert fresh[:50] == task.fresh_problems(50)  # a prefix of the same stream
-    assert all(mwp.parse_formula(e.z).ok and task.is_correct(e, e.z) for e in fresh)
+    assert all(mwp.parse_formula(e.z).ok and task.outcome_label(e, e.z) for e in fresh)
     assert task.fresh_problems(10, data_dir="/any/csv/folder") == [] and task.fresh_problems(0) == []
 
 
