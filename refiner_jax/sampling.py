@@ -1,8 +1,9 @@
 """Batch sampling from autoregressive decoders inside one jitted `lax.while_loop` (no host sync per token).
 
 `sample` is model-agnostic: it drives a `tokens_to_logits(tokens, index, cache) -> (logits, cache)` step callback
-and serves the T5 decoder (`sample_t5`), a decoder-only LM (its prompt is teacher-forced through the same loop) or
-any other model. Decoding modes: greedy (temperature 0), temperature, top-k, top-p (nucleus), and top-k with top-p;
+and serves the T5 decoder (`sample_t5`), a decoder-only LM or any other model. A prompt is either teacher-forced
+through the loop token by token, or prefilled by the model in one pass whose last logits start the loop
+(`first_logits`; `models.decoder_sampling.sample_decoder`). Decoding modes: greedy (temperature 0), temperature, top-k, top-p (nucleus), and top-k with top-p;
 min/max new tokens; every sequence stops at EOS and the loop exits once all have.
 
 Temperature, top-k, top-p and min_new_tokens are traced values: changing them never recompiles. Nothing sorts
@@ -64,7 +65,8 @@ class _LoopState:
 
 def sample(tokens_to_logits: TokensToLogits, cache: Cache, prompt: jax.Array, rng: jax.Array, *,
            max_new_tokens: int, prompt_lengths: jax.Array | None = None, temperature=1.0, top_k=0, top_p=1.0,
-           min_new_tokens=0, eos_id: int = 1, pad_id: int = 0, max_top_k: int = 64) -> SampleOutput:
+           min_new_tokens=0, eos_id: int | Sequence[int] = 1, pad_id: int = 0, max_top_k: int = 64,
+           first_logits: jax.Array | None = None) -> SampleOutput:
     """Sample up to `max_new_tokens` tokens after each prompt row; a pure, jittable function.
 
     Args:
@@ -81,8 +83,13 @@ def sample(tokens_to_logits: TokensToLogits, cache: Cache, prompt: jax.Array, rn
       top_p: 1 disables; else keep the smallest most-likely set whose probability reaches top_p (the top token is
         always kept). With top_k > 0 the nucleus is taken within the renormalised top-k set.
       min_new_tokens: EOS cannot be among the first `min_new_tokens` generated tokens.
-      eos_id, pad_id: end and padding token ids.
+      eos_id: the end token id, or several (a row ends at any of them; none: rows end at max_new_tokens).
+      pad_id: the id written after a row's end.
       max_top_k: static bound of top_k (see the module docstring).
+      first_logits: `[n, vocab]` logits after the whole prompt, from a prefill that already wrote all P prompt
+        positions into `cache` (a prompt whose rows are shorter is left-padded by the caller; `prompt_lengths` must
+        be None). Sampling then starts from them and feeds only generated tokens, the first at index P; the prompt
+        serves for its shape. Each step draws with the key of the same step of the prompt-feeding path.
 
     Returns:
       SampleOutput with `[n, ...]` leaves.
@@ -92,6 +99,8 @@ def sample(tokens_to_logits: TokensToLogits, cache: Cache, prompt: jax.Array, rn
       prompt [[7]]          -> tokens [[8, 9, 10, 11]], lengths [4]  (max_new_tokens reached)
       prompt [[7, 3]], prompt_lengths [2]
                             -> inputs fed: 7, 3 (forced, not 8), 4;  tokens [[4, 5, 0, 0]], lengths [2]
+      prompt [[7, 3]], first_logits predicting 4
+                            -> inputs fed: 4;  tokens [[4, 5, 0, 0]], lengths [2]
       prompt [[2]], min_new_tokens=3 on a model that prefers EOS, then 7
                             -> tokens [[7, 7, 7, 5]], lengths [4]
     """
@@ -103,20 +112,25 @@ def sample(tokens_to_logits: TokensToLogits, cache: Cache, prompt: jax.Array, rn
     prompt = jnp.asarray(prompt, jnp.int32)
     if prompt.ndim != 2 or prompt.shape[1] < 1:
         raise ValueError(f"prompt must be [n, P] with P >= 1 (start token for T5), got shape {prompt.shape}")
+    if first_logits is not None and prompt_lengths is not None:
+        raise ValueError("first_logits comes after the whole prompt: left-pad it and pass prompt_lengths=None")
     n, prompt_len = prompt.shape
     knobs = dict(temperature=jnp.asarray(temperature, jnp.float32), top_k=jnp.asarray(top_k, jnp.int32),
-                 top_p=jnp.asarray(top_p, jnp.float32), eos_id=eos_id, max_top_k=max_top_k)
+                 top_p=jnp.asarray(top_p, jnp.float32), eos_ids=tuple(np.atleast_1d(eos_id).tolist()),
+                 max_top_k=max_top_k)
     min_new_tokens = jnp.asarray(min_new_tokens, jnp.int32)
     lengths = None if prompt_lengths is None else jnp.asarray(prompt_lengths, jnp.int32)  # [n]
+    forcing = prompt_len > 1 and first_logits is None
     rows = jnp.arange(n)
 
-    def body(state: _LoopState) -> _LoopState:
-        logits, cache = tokens_to_logits(state.token, state.step, state.cache)
-        logits = logits.astype(jnp.float32)  # [n, vocab]
+    def advance(state: _LoopState, logits: jax.Array) -> _LoopState:
+        """The loop's step once the logits `[n, vocab]` after input `state.step` are known: the next input token
+        (forced inside a prompt, else drawn), and the output it adds."""
+        logits = logits.astype(jnp.float32)
         key = jax.random.fold_in(rng, state.step)
         token, log_prob = _next_token(logits, key, state.num_new >= min_new_tokens, **knobs)
         emit = ~state.done
-        if prompt_len > 1:
+        if forcing:
             forced_token = jax.lax.dynamic_index_in_dim(prompt, jnp.minimum(state.step + 1, prompt_len - 1),
                                                         axis=1, keepdims=False)  # [n]
             forced = state.step + 1 < (prompt_len if lengths is None else lengths)
@@ -133,17 +147,25 @@ def sample(tokens_to_logits: TokensToLogits, cache: Cache, prompt: jax.Array, rn
             tokens = state.tokens.at[rows, column].set(out_token, mode="drop")
             log_probs = state.log_probs.at[rows, column].set(out_log_prob, mode="drop")
         num_new = state.num_new + emit
-        done = state.done | (emit & (token == eos_id)) | (num_new >= max_new_tokens)
+        done = state.done | (emit & _is_eos(token, knobs["eos_ids"])) | (num_new >= max_new_tokens)
         return _LoopState(step=state.step + 1, token=token, tokens=tokens, log_probs=log_probs, num_new=num_new,
-                          done=done, cache=cache)
+                          done=done, cache=state.cache)
+
+    def body(state: _LoopState) -> _LoopState:
+        logits, cache = tokens_to_logits(state.token, state.step, state.cache)
+        return advance(state.replace(cache=cache), logits)
 
     def cond(state: _LoopState) -> jax.Array:
         return ~jnp.all(state.done)
 
-    init = _LoopState(step=jnp.zeros((), jnp.int32), token=prompt[:, 0],
+    # With first_logits the loop starts at the prompt's last input, whose logits are already known.
+    init = _LoopState(step=jnp.asarray(0 if first_logits is None else prompt_len - 1, jnp.int32),
+                      token=prompt[:, 0 if first_logits is None else -1],
                       tokens=jnp.full((n, max_new_tokens), pad_id, jnp.int32),
                       log_probs=jnp.zeros((n, max_new_tokens), jnp.float32),
                       num_new=jnp.zeros((n,), jnp.int32), done=jnp.zeros((n,), bool), cache=cache)
+    if first_logits is not None:
+        init = advance(init, first_logits)
     final = jax.lax.while_loop(cond, body, init)
     return SampleOutput(tokens=final.tokens, lengths=final.num_new, token_log_probs=final.log_probs,
                         log_prob=final.log_probs.sum(-1))
@@ -154,10 +176,15 @@ def _check_top_k(top_k, max_top_k: int) -> None:
         raise ValueError(f"top_k={top_k} exceeds max_top_k={max_top_k}; pass max_top_k >= {top_k}")
 
 
-def _next_token(logits, key, allow_eos, *, temperature, top_k, top_p, eos_id, max_top_k):
+def _is_eos(tokens, eos_ids: tuple[int, ...]):
+    """Whether each of `tokens` (any shape, int32) is one of the static `eos_ids` -> bool, same shape."""
+    return functools.reduce(jnp.logical_or, [tokens == e for e in eos_ids], jnp.zeros(tokens.shape, bool))
+
+
+def _next_token(logits, key, allow_eos, *, temperature, top_k, top_p, eos_ids, max_top_k):
     """Next token `[n]` and its model log-prob `[n]` from raw logits `[n, vocab]`."""
     vocab = logits.shape[-1]
-    banned = (jnp.arange(vocab) == eos_id) & ~allow_eos[:, None]  # [n, vocab]; applied inside each branch so
+    banned = _is_eos(jnp.arange(vocab), eos_ids) & ~allow_eos[:, None]  # [n, vocab]; applied inside each branch so
     # that XLA fuses it into the branch's first pass instead of materialising a masked copy of the logits.
 
     def sampled():
@@ -328,7 +355,7 @@ _encode_t5_jit = jax.jit(_encode_t5, static_argnames=("config",))
 
 
 @functools.cache
-def _decode_options(platform: str) -> dict | None:
+def decode_options(platform: str) -> dict | None:
     """`_CPU_DECODE_OPTIONS` on CPU when this XLA knows them, else None (the defaults)."""
     if platform != "cpu":
         return None
@@ -341,33 +368,24 @@ def _decode_options(platform: str) -> dict | None:
 
 @functools.cache
 def _decode_t5_jit(platform: str):
-    """`_decode_t5` compiled with `_decode_options(platform)`."""
-    return jax.jit(_decode_t5, static_argnames=_DECODE_STATIC, compiler_options=_decode_options(platform))
+    """`_decode_t5` compiled with `decode_options(platform)`."""
+    return jax.jit(_decode_t5, static_argnames=_DECODE_STATIC, compiler_options=decode_options(platform))
 
 
 @functools.cache
 def _encode_t5_split(mesh: Mesh, config):
     """`_encode_t5` on every device of `mesh`, each on its slice of the prompts (parameters replicated)."""
-    rows = P(mesh.axis_names)
-    return jax.jit(jax.shard_map(functools.partial(_encode_t5, config=config), mesh=mesh, in_specs=(P(), rows),
-                                 out_specs=rows, check_vma=False))
+    return jax.jit(split_rows(functools.partial(_encode_t5, config=config), mesh, (False, True)))
 
 
 @functools.cache
 def _decode_t5_split(mesh: Mesh, **static):
     """`_decode_t5` on every device of `mesh`: each decodes its slice of the prompts in its own loop, with its own
-    key (`rng` folded with the device's index in the mesh), and no communication between devices."""
-    rows = P(mesh.axis_names)
-
-    def local(params, cross_kv, encoder_tokens, rng, *knobs):
-        rng = jax.random.fold_in(rng, jax.lax.axis_index(mesh.axis_names))
-        return _decode_t5(params, cross_kv, encoder_tokens, rng, *knobs, **static)
-
-    # check_vma=False: the loop state starts as per-device constants (caches, counters) that become per-device
-    # values; every input and output here is either replicated or split along the batch.
-    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), rows, rows, P(), P(), P(), P(), P()),
-                                 out_specs=rows, check_vma=False),
-                   compiler_options=_decode_options(mesh.devices.flat[0].platform))
+    key, and no communication between devices."""
+    # (params, cross_kv, encoder_tokens, rng, temperature, top_k, top_p, min_new_tokens)
+    rows = (False, True, True, False, False, False, False, False)
+    return jax.jit(split_rows(functools.partial(_decode_t5, **static), mesh, rows, rng_arg=3),
+                   compiler_options=decode_options(mesh.devices.flat[0].platform))
 
 
 _CACHE_BUDGET = 8 * 2 ** 20  # bytes of decoder weights + decode state that one row group may use on a CPU
@@ -430,36 +448,74 @@ def sample_t5(params, encoder_tokens, rng, *, config, max_new_tokens: int, num_s
         decode step of a small model is many small operations, and two loops keep two cores busy where one splits
         each operation (t5-tiny on 2 cores: 1.5-1.9x the tokens/s of one device, t5-small greedy 1.1-1.2x).
     """
-    _check_top_k(top_k, max_top_k)
     encoder_tokens = jnp.asarray(encoder_tokens, jnp.int32)
     batch, enc_len = encoder_tokens.shape
-    devices = 1 if mesh is None else mesh.size
-    if batch % devices:
-        raise ValueError(f"batch size {batch} must divide by the mesh's {devices} devices; pad the batch with "
-                         f"all-pad rows (`pad_to_bucket(tokens, [{-(-batch // devices) * devices}], axis=0)`)")
-    platform = jax.default_backend() if mesh is None else mesh.devices.flat[0].platform
+    devices, platform = check_split(batch, mesh)
     if row_chunks is None:
         row_chunks = auto_row_chunks(config, batch // devices, enc_len, num_samples, max_new_tokens, platform)
     if row_chunks < 1 or (batch // devices) % row_chunks:
         raise ValueError(f"row_chunks={row_chunks} must be a positive divisor of the batch size {batch // devices}"
                          + (f" on each of the {devices} devices" if devices > 1 else ""))
-    knobs = (jnp.asarray(temperature, jnp.float32), jnp.asarray(top_k, jnp.int32), jnp.asarray(top_p, jnp.float32),
-             jnp.asarray(min_new_tokens, jnp.int32))
+    knobs = traced_knobs(temperature, top_k, top_p, min_new_tokens, max_top_k)
     static = dict(config=config, num_samples=num_samples, max_new_tokens=max_new_tokens, max_top_k=max_top_k,
                   eos_id=eos_id, row_chunks=row_chunks)
     if devices == 1:
         cross_kv = _encode_t5_jit(params, encoder_tokens, config=config)
         return _decode_t5_jit(platform)(params, cross_kv, encoder_tokens, rng, *knobs, **static)
-    params = replicate(params, mesh)
-    encoder_tokens = _place(encoder_tokens, NamedSharding(mesh, P(mesh.axis_names)))
+    params, encoder_tokens = replicate(params, mesh), place_rows(encoder_tokens, mesh)
     cross_kv = _encode_t5_split(mesh, config)(params, encoder_tokens)
     return _decode_t5_split(mesh, **static)(params, cross_kv, encoder_tokens, rng, *knobs)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Model samplers' shared pieces: traced knobs, compiler options, and splitting prompts over a mesh
+
+
+def traced_knobs(temperature, top_k, top_p, min_new_tokens, max_top_k: int) -> tuple[jax.Array, ...]:
+    """The sampling knobs as arrays, passed to a compiled sampler as arguments so that new values reuse it; raises
+    when a Python int top_k exceeds the static bound."""
+    _check_top_k(top_k, max_top_k)
+    return (jnp.asarray(temperature, jnp.float32), jnp.asarray(top_k, jnp.int32), jnp.asarray(top_p, jnp.float32),
+            jnp.asarray(min_new_tokens, jnp.int32))
+
+
+def check_split(batch: int, mesh: Mesh | None) -> tuple[int, str]:
+    """(devices the prompts are split over, their platform); raises when the batch does not divide by them."""
+    devices = 1 if mesh is None else mesh.size
+    if batch % devices:
+        raise ValueError(f"batch size {batch} must divide by the mesh's {devices} devices; pad the batch with "
+                         f"all-pad rows (`pad_to_bucket(tokens, [{-(-batch // devices) * devices}], axis=0)`)")
+    return devices, jax.default_backend() if mesh is None else mesh.devices.flat[0].platform
+
+
+def split_rows(fn: Callable, mesh: Mesh, rows: Sequence[bool], rng_arg: int | None = None) -> Callable:
+    """`fn` on every device of `mesh` (unjitted `shard_map`), each on its slice of the prompts: the arguments flagged
+    in `rows`, and every output, split along their leading axis over all the mesh's axes; the others replicated.
+    Argument `rng_arg` (a key) is folded with the device's index in the mesh, so that each device draws its own
+    samples. No communication between devices."""
+    spec = P(mesh.axis_names)
+
+    def local(*args):
+        if rng_arg is None:
+            return fn(*args)
+        rng = jax.random.fold_in(args[rng_arg], jax.lax.axis_index(mesh.axis_names))
+        return fn(*args[:rng_arg], rng, *args[rng_arg + 1:])
+
+    # check_vma=False: a sampling loop's state starts as per-device constants (caches, counters) that become
+    # per-device values; every input and output here is either replicated or split along the batch.
+    return jax.shard_map(local, mesh=mesh, in_specs=tuple(spec if split else P() for split in rows), out_specs=spec,
+                         check_vma=False)
 
 
 def replicate(params, mesh: Mesh):
     """`params` replicated over `mesh`'s devices, as `sample_t5(..., mesh=mesh)` takes them without a copy per
     call."""
     return _place(params, NamedSharding(mesh, P()))
+
+
+def place_rows(tree, mesh: Mesh):
+    """`tree`'s arrays split along their leading axis over all of `mesh`'s axes (a sampler's prompts)."""
+    return _place(tree, NamedSharding(mesh, P(mesh.axis_names)))
 
 
 def _place(tree, sharding: NamedSharding):

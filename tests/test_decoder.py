@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers import padded_prompts as _prompts
 from flax.linen import meta
 
 from refiner_jax.models import hf_decoder
@@ -68,17 +69,6 @@ def family(request, tmp_path_factory):
         assert ref.config.rope_parameters["rope_type"] == "linear"
     config, params = hf_decoder.load_decoder(directory)
     return types.SimpleNamespace(name=name, ref=ref, dir=directory, config=config, params=params)
-
-
-def _prompts(vocab: int, lengths, padding: str, seed: int = 0):
-    """Random prompts of `lengths` padded (id 0) to the longest, left or right: tokens and mask `[b, P]`."""
-    rng = np.random.default_rng(seed)
-    width = max(lengths)
-    tokens, mask = np.zeros((len(lengths), width), np.int32), np.zeros((len(lengths), width), bool)
-    for row, n in enumerate(lengths):
-        cols = slice(width - n, width) if padding == "left" else slice(0, n)
-        tokens[row, cols], mask[row, cols] = rng.integers(3, vocab, n), True
-    return tokens, mask
 
 
 def _reference(ref, tokens, mask):

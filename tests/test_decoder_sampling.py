@@ -1,0 +1,174 @@
+"""`sample_decoder` (prefill once, then the shared sampling loop) against transformers' `generate` and teacher-forced
+log-probs on a PyTorch GPT-2 and Llama (grouped-query attention) built locally with random weights; against the
+same model fed its prompt token by token through `sampling.sample`; and split over a mesh of 2 host devices."""
+import json
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _devices import run_report
+from _helpers import compilations, padded_prompts
+from flax.linen import meta
+
+from refiner_jax import sampling
+from refiner_jax.models import hf_decoder
+from refiner_jax.models.decoder import Decoder, decode_step, init_cache, preset
+from refiner_jax.models.decoder_sampling import pad_id, sample_decoder
+
+LENGTHS = (7, 2, 5, 4)  # real tokens of the 4 prompts, left-padded to 7
+MAX_NEW = 8
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def family(request, tmp_path_factory):
+    """A random transformers model (the configs and weights of test_decoder) and our import of it."""
+    transformers = pytest.importorskip("transformers")
+    from test_decoder import HF_CONFIGS, _randomise
+
+    ref = _randomise(transformers.AutoModelForCausalLM.from_config(HF_CONFIGS[request.param]()), seed=7)
+    directory = tmp_path_factory.mktemp(request.param)
+    ref.save_pretrained(directory)
+    config, params = hf_decoder.load_decoder(directory)
+    return types.SimpleNamespace(name=request.param, ref=ref, config=config, params=params)
+
+
+def _generate(ref, tokens, mask, config, **generation):
+    """transformers' greedy `generate`: new tokens `[b, steps]` (it stops once every row has ended) and the model
+    log-probs `[b, steps, vocab]` of each step."""
+    import torch
+
+    with torch.no_grad():
+        out = ref.generate(input_ids=torch.tensor(tokens, dtype=torch.long), do_sample=False,
+                           attention_mask=torch.tensor(mask, dtype=torch.long), max_new_tokens=MAX_NEW,
+                           eos_token_id=list(config.eos_ids), pad_token_id=pad_id(config),
+                           return_dict_in_generate=True, output_logits=True, **generation)
+    log_probs = torch.log_softmax(torch.stack(out.logits, 1).float(), -1).numpy()
+    return out.sequences[:, tokens.shape[1]:].numpy(), log_probs
+
+
+def test_greedy_equals_transformers_generate_with_several_eos_ids(family):
+    """Left-padded prompts of different lengths; two end tokens that the model emits, so rows end early (and not at
+    all when min_new_tokens bans them). Tokens, padding after the end and log-probs match transformers."""
+    tokens, mask = padded_prompts(family.config.vocab_size, LENGTHS, "left")
+    free, _ = _generate(family.ref, tokens, mask, family.config.replace(eos_id=()))
+    config = family.config.replace(eos_id=(int(free[0, 2]), int(free[2, 4])))
+    for min_new in (0, MAX_NEW):
+        theirs, log_probs = _generate(family.ref, tokens, mask, config, min_new_tokens=min_new)
+        out = sample_decoder(family.params, tokens, jax.random.key(0), config=config, max_new_tokens=MAX_NEW,
+                             temperature=0.0, min_new_tokens=min_new, prompt_mask=mask)
+        ours, lengths = np.asarray(out.tokens[:, 0]), np.asarray(out.lengths[:, 0])
+        print(f"{family.name} min_new_tokens={min_new}: ours {ours.tolist()}, transformers {theirs.tolist()}")
+        steps = theirs.shape[1]
+        np.testing.assert_array_equal(ours[:, :steps], theirs)
+        assert (ours[:, steps:] == pad_id(config)).all()
+        expected = np.where(np.arange(steps) < lengths[:, None],
+                            np.take_along_axis(log_probs, theirs[..., None], -1)[..., 0], 0.0)
+        np.testing.assert_allclose(out.token_log_probs[:, 0, :steps], expected, atol=1e-4)
+        np.testing.assert_allclose(out.log_prob[:, 0], expected.sum(-1), atol=1e-4)
+        ended = lengths < MAX_NEW
+        assert not ended.any() if min_new else ended.any()
+        assert np.isin(ours[np.arange(4), lengths - 1][ended], config.eos_ids).all()
+
+
+def _teacher_forced_log_probs(ref, tokens, mask, new):
+    """transformers' log-probs `[b, new_len]` of the continuations `new` `[b, new_len]` after the prompts."""
+    import torch
+
+    full = np.concatenate([tokens, new], 1)
+    full_mask = np.concatenate([mask, np.ones_like(new, bool)], 1)
+    with torch.no_grad():
+        logits = ref(input_ids=torch.tensor(full, dtype=torch.long),
+                     attention_mask=torch.tensor(full_mask, dtype=torch.long),
+                     position_ids=torch.tensor(np.maximum(np.cumsum(full_mask, 1) - 1, 0), dtype=torch.long)).logits
+    log_probs = torch.log_softmax(logits.float(), -1).numpy()[:, tokens.shape[1] - 1:-1]
+    return np.take_along_axis(log_probs, new[..., None], -1)[..., 0]
+
+
+def test_samples_are_deterministic_scored_like_transformers_and_knobs_do_not_recompile(family):
+    tokens, mask = padded_prompts(family.config.vocab_size, LENGTHS, "left", seed=1)
+    kwargs = dict(config=family.config, max_new_tokens=MAX_NEW, num_samples=3, prompt_mask=mask)
+    a = sample_decoder(family.params, tokens, jax.random.key(1), temperature=1.0, top_p=0.9, **kwargs)
+    with compilations() as compiles:
+        b = sample_decoder(family.params, tokens, jax.random.key(1), temperature=1.0, top_p=0.9, **kwargs)
+        c = sample_decoder(family.params, tokens, jax.random.key(2), temperature=1.0, top_p=0.9, **kwargs)
+        for knobs in (dict(temperature=0.7, top_p=0.5), dict(temperature=1.3, top_k=5), dict(temperature=0.0),
+                      dict(temperature=0.9, top_k=3, top_p=0.8, min_new_tokens=4)):
+            sample_decoder(family.params, tokens, jax.random.key(3), **knobs, **kwargs)
+    assert compiles == []  # new keys and knobs reuse the program
+    assert a.tokens.shape == (4, 3, MAX_NEW) and a.log_prob.shape == (4, 3)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(a.tokens, c.tokens)
+    assert all(len({tuple(s) for s in prompt}) > 1 for prompt in np.asarray(a.tokens))
+    # The returned log-probs are the model's: transformers' teacher-forced log-softmax of the sampled tokens.
+    new = np.asarray(a.tokens).reshape(12, MAX_NEW)
+    expected = _teacher_forced_log_probs(family.ref, np.repeat(tokens, 3, 0), np.repeat(mask, 3, 0), new)
+    expected = np.where(np.arange(MAX_NEW) < np.asarray(a.lengths).reshape(12, 1), expected, 0.0)
+    np.testing.assert_allclose(np.asarray(a.log_prob).reshape(12), expected.sum(-1), atol=1e-4)
+
+
+def _random_params(config, seed: int = 0) -> dict:
+    shapes = jax.eval_shape(lambda: Decoder(config).init(jax.random.key(0), jnp.ones((1, 1), jnp.int32)))
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda s: 0.3 * rng.standard_normal(s.shape, np.float32), meta.unbox(shapes["params"]))
+
+
+TINY = preset("llama-tiny", vocab_size=97, eos_id=(16, 40))  # two tokens of its greedy continuations below
+
+
+def test_prefill_equals_feeding_the_prompt_token_by_token():
+    """One prefill pass of left-padded prompts, then the loop, == `sample` teacher-forcing the right-padded prompts
+    through `decode_step` one token at a time; and right-padded prompts prefilled give the same tokens."""
+    params = _random_params(TINY)
+    left, left_mask = padded_prompts(TINY.vocab_size, LENGTHS, "left")
+    right, right_mask = padded_prompts(TINY.vocab_size, LENGTHS, "right")
+
+    @jax.jit
+    def token_by_token(params, prompt, lengths):
+        return sampling.sample(lambda t, i, c: decode_step(TINY, params, t, c),
+                               init_cache(TINY, prompt.shape[0], prompt.shape[1] + MAX_NEW - 1), prompt,
+                               jax.random.key(0), max_new_tokens=MAX_NEW, prompt_lengths=lengths, temperature=0.0,
+                               eos_id=TINY.eos_ids, pad_id=pad_id(TINY))
+
+    fed = token_by_token(params, right, right_mask.sum(1))
+    for tokens, mask in ((left, left_mask), (right, right_mask)):
+        out = sample_decoder(params, tokens, jax.random.key(0), config=TINY, max_new_tokens=MAX_NEW,
+                             temperature=0.0, prompt_mask=mask)
+        np.testing.assert_array_equal(out.tokens[:, 0], fed.tokens)
+        np.testing.assert_array_equal(out.lengths[:, 0], fed.lengths)
+        np.testing.assert_allclose(out.token_log_probs[:, 0], fed.token_log_probs, atol=1e-5)
+    assert (np.asarray(fed.lengths) < MAX_NEW).any()  # EOS (one of two ids) ends some rows
+
+
+def _mesh_report() -> dict:
+    """Run in a subprocess with 2 host devices: `sample_decoder` split over a mesh against unsplit calls."""
+    assert jax.device_count() == 2, jax.devices()
+    params = _random_params(TINY)
+    tokens, mask = padded_prompts(TINY.vocab_size, LENGTHS, "left")
+    mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    kwargs = dict(config=TINY, max_new_tokens=MAX_NEW, prompt_mask=mask)
+    greedy = sample_decoder(params, tokens, jax.random.key(0), temperature=0.0, **kwargs)
+    split = sample_decoder(sampling.replicate(params, mesh), tokens, jax.random.key(0), temperature=0.0, mesh=mesh,
+                           **kwargs)
+    sampled = dict(kwargs, temperature=1.0, top_p=0.9, num_samples=2, mesh=mesh)
+    a = sample_decoder(params, tokens, jax.random.key(7), **sampled)
+    device_1 = sample_decoder(params, tokens[2:], jax.random.fold_in(jax.random.key(7), 1),
+                              **dict(sampled, mesh=None, prompt_mask=mask[2:]))
+    return {"greedy_equal": bool(np.array_equal(greedy.tokens, split.tokens)
+                                 and np.array_equal(greedy.lengths, split.lengths)),
+            "log_prob_diff": float(np.abs(np.asarray(greedy.log_prob) - np.asarray(split.log_prob)).max()),
+            "tokens_spec": str(split.tokens.sharding.spec),
+            "device_1_equal": bool(np.array_equal(np.asarray(a.tokens)[2:], device_1.tokens))}
+
+
+def test_split_over_two_host_devices_equals_one_device():
+    r = run_report(__file__, 2)
+    assert r["greedy_equal"] and r["log_prob_diff"] < 1e-4, r
+    assert r["tokens_spec"] == "P('data',)", r
+    assert r["device_1_equal"], r  # device 1 samples its prompts as an unsplit call with key fold_in(key, 1)
+
+
+if __name__ == "__main__":
+    print(json.dumps(_mesh_report()))
