@@ -1,5 +1,6 @@
-"""Models: the Flax T5 (`t5`), the decoder-only LM (`decoder`: GPT-2, Llama, Qwen2) and their transformers checkpoint
-bridges (`hf`, `hf_decoder`). Models know nothing of tasks or training."""
+"""Models: the Flax T5 (`t5`), the decoder-only LM (`decoder`: GPT-2, Llama, Qwen2; sampled with
+`decoder_sampling`) and their transformers checkpoint bridges (`hf`, `hf_decoder`). Models know nothing of tasks or
+training."""
 from refiner_jax.models.decoder import Decoder, DecoderConfig
 from refiner_jax.models.t5 import PRESETS, T5, T5Config, preset, shift_right
 
