@@ -3,8 +3,9 @@
 `sample` is model-agnostic: it drives a `tokens_to_logits(tokens, index, cache) -> (logits, cache)` step callback
 and serves the T5 decoder (`sample_t5`), a decoder-only LM or any other model. A prompt is either teacher-forced
 through the loop token by token, or prefilled by the model in one pass whose last logits start the loop
-(`first_logits`; `models.decoder_sampling.sample_decoder`). Decoding modes: greedy (temperature 0), temperature, top-k, top-p (nucleus), and top-k with top-p;
-min/max new tokens; every sequence stops at EOS and the loop exits once all have.
+(`first_logits`; `models.decoder_sampling.sample_decoder`). Decoding modes: greedy (temperature 0), temperature,
+top-k, top-p (nucleus), and top-k with top-p; min/max new tokens; every sequence stops at EOS (one id or several) and
+the loop exits once all have.
 
 Temperature, top-k, top-p and min_new_tokens are traced values: changing them never recompiles. Nothing sorts
 the vocabulary (on XLA:CPU, `jnp.sort` or `lax.top_k(x, vocab)` of 64 x 32k logits takes ~0.3-0.6 s, far more
@@ -112,9 +113,10 @@ def sample(tokens_to_logits: TokensToLogits, cache: Cache, prompt: jax.Array, rn
     prompt = jnp.asarray(prompt, jnp.int32)
     if prompt.ndim != 2 or prompt.shape[1] < 1:
         raise ValueError(f"prompt must be [n, P] with P >= 1 (start token for T5), got shape {prompt.shape}")
-    if first_logits is not None and prompt_lengths is not None:
-        raise ValueError("first_logits comes after the whole prompt: left-pad it and pass prompt_lengths=None")
     n, prompt_len = prompt.shape
+    if first_logits is not None and (prompt_lengths is not None or first_logits.shape[0] != n):
+        raise ValueError(f"first_logits [n={n}, vocab] comes after the whole prompt: left-pad it and pass "
+                         f"prompt_lengths=None (got first_logits of shape {first_logits.shape})")
     knobs = dict(temperature=jnp.asarray(temperature, jnp.float32), top_k=jnp.asarray(top_k, jnp.int32),
                  top_p=jnp.asarray(top_p, jnp.float32), eos_ids=tuple(np.atleast_1d(eos_id).tolist()),
                  max_top_k=max_top_k)

@@ -1,6 +1,7 @@
 """`sample_decoder` (prefill once, then the shared sampling loop) against transformers' `generate` and teacher-forced
 log-probs on a PyTorch GPT-2 and Llama (grouped-query attention) built locally with random weights; against the
-same model fed its prompt token by token through `sampling.sample`; and split over a mesh of 2 host devices."""
+same model fed its prompt token by token through `sampling.sample`; and split over a mesh of 2 host devices. Also
+`sampling.sample`'s `first_logits` start against its prompt-feeding path, on a stub model."""
 import json
 import types
 
@@ -107,6 +108,32 @@ def test_samples_are_deterministic_scored_like_transformers_and_knobs_do_not_rec
     expected = _teacher_forced_log_probs(family.ref, np.repeat(tokens, 3, 0), np.repeat(mask, 3, 0), new)
     expected = np.where(np.arange(MAX_NEW) < np.asarray(a.lengths).reshape(12, 1), expected, 0.0)
     np.testing.assert_allclose(np.asarray(a.log_prob).reshape(12), expected.sum(-1), atol=1e-4)
+
+
+def test_first_logits_continue_the_prompt_feeding_path_step_for_step():
+    """`sample` started from the logits after the prompt == `sample` feeding the prompt: same inputs at the same
+    indices, same keys (so the same samples), only the prompt's steps skipped. Stub model: logits = table[input +
+    index], so every output depends on the index each token is fed at."""
+    table = 3.0 * jax.random.normal(jax.random.key(4), (64, 64))
+    model = lambda t, i, c: (table[(t + i) % 64], c)  # noqa: E731
+    prompt = jnp.asarray(np.random.default_rng(2).integers(0, 64, (6, 5)), jnp.int32)
+    first_logits = table[(prompt[:, -1] + 4) % 64]  # after the last prompt token, fed at index 4
+
+    @jax.jit
+    def both(temperature):
+        kwargs = dict(max_new_tokens=7, temperature=temperature, top_p=0.9, eos_id=(3, 11))
+        fed = sampling.sample(model, None, prompt, jax.random.key(5), **kwargs)
+        started = sampling.sample(model, None, prompt, jax.random.key(5), first_logits=first_logits, **kwargs)
+        return fed, started
+
+    for temperature in (0.0, 1.0):
+        fed, started = both(temperature)
+        for x, y in zip(jax.tree.leaves(fed), jax.tree.leaves(started)):
+            np.testing.assert_allclose(x, y, atol=1e-6)
+    assert (np.asarray(fed.lengths) < 7).any()  # some rows end at one of the two EOS ids
+    with pytest.raises(ValueError, match="first_logits"):
+        sampling.sample(model, None, prompt, jax.random.key(0), max_new_tokens=2, first_logits=first_logits,
+                        prompt_lengths=jnp.full((6,), 5))
 
 
 def _random_params(config, seed: int = 0) -> dict:
