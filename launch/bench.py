@@ -1,6 +1,6 @@
 """Benchmarks against transformers' PyTorch implementation; each subcommand prints one JSON object.
 
-  python launch/bench.py sample --preset tiny|t5-small [--repeats 5]
+  python launch/bench.py sample --preset tiny|t5-small|gpt2-tiny|gpt2-small [--repeats 5]
   python launch/bench.py train --preset tiny|t5-small [--batch 32 --input-len 128 --target-len 64]
 
 Timings are wall-clock medians of interleaved runs (ours, theirs, ours, ...) after a warm-up, in one process;
@@ -34,7 +34,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from refiner_jax import cpu  # noqa: E402 (standard library only: JAX has not started)
 
-SAMPLE_PRESETS = {"tiny": "t5-tiny", "t5-small": "t5-small"}
+# bench name -> (family, model preset): T5 (`sampling.sample_t5`) or decoder-only (`sample_decoder`, GPT-2 shapes).
+SAMPLE_PRESETS = {"tiny": ("t5", "t5-tiny"), "t5-small": ("t5", "t5-small"), "gpt2-tiny": ("decoder", "gpt2-tiny"),
+                  "gpt2-small": ("decoder", "gpt2")}
 
 
 def _torch_setup(torch, args):
@@ -65,39 +67,75 @@ def _median_interleaved(fns: dict, repeats: int) -> dict:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def bench_sample(args) -> dict:
-    """Batch sampling throughput of `refiner_jax.sampling.sample_t5` vs `T5ForConditionalGeneration.generate`.
-
-    Scenarios: greedy (batch 32, 128 prompt tokens, exactly 64 new tokens) and top-p 0.5 (8 prompts x 8 samples,
-    64 new tokens); EOS is suppressed in both implementations (min_new_tokens = max_new_tokens) so both generate
-    the same number of tokens. Same architecture and weights (ours, exported with `models.hf.save_t5`). Ours splits
-    the prompts over all JAX devices when they divide the batch.
-    """
-    cpu.expose_host_devices(args.host_devices)
+def _t5_sampler(name: str, seed: int, device):
+    """Our random T5 `name`, its `sample_t5`, and transformers' T5ForConditionalGeneration on the same weights."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
-    import torch
     import transformers
     from flax.linen import meta
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
     from refiner_jax import sampling
     from refiner_jax.models import hf
     from refiner_jax.models.t5 import T5, preset
 
-    device = _torch_setup(torch, args)
-    load_before = os.getloadavg()
-    config = preset(SAMPLE_PRESETS[args.preset], dropout_rate=0.0)
-    rng = np.random.default_rng(args.seed)
+    config = preset(name, dropout_rate=0.0)
     dummy = jnp.ones((1, 8), jnp.int32)
-    params = meta.unbox(T5(config).init(jax.random.key(args.seed), dummy, dummy)["params"])
+    params = meta.unbox(T5(config).init(jax.random.key(seed), dummy, dummy)["params"])
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_t5(config, jax.device_get(params), tmp)
         reference = transformers.T5ForConditionalGeneration.from_pretrained(tmp).eval().to(device)
+    return dict(config=config, params=params, sample=sampling.sample_t5, reference=reference, echoes_prompt=False,
+                generation=dict(decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
+
+
+def _decoder_sampler(name: str, seed: int, device):
+    """Our random decoder-only LM `name`, its `sample_decoder`, and transformers' model on the same weights."""
+    import jax
+    import jax.numpy as jnp
+    import transformers
+    from flax.linen import meta
+
+    from refiner_jax.models import hf_decoder
+    from refiner_jax.models.decoder import Decoder, preset
+    from refiner_jax.models.decoder_sampling import pad_id, sample_decoder
+
+    config = preset(name, dropout_rate=0.0)
+    params = meta.unbox(Decoder(config).init(jax.random.key(seed), jnp.ones((1, 8), jnp.int32))["params"])
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_decoder.save_decoder(config, jax.device_get(params), tmp)
+        reference = transformers.AutoModelForCausalLM.from_pretrained(tmp).eval().to(device)
+    return dict(config=config, params=params, sample=sample_decoder, reference=reference, echoes_prompt=True,
+                generation=dict(pad_token_id=pad_id(config), eos_token_id=list(config.eos_ids)))
+
+
+def bench_sample(args) -> dict:
+    """Batch sampling throughput of ours vs transformers' `generate`, on the same architecture and weights (ours,
+    exported for transformers): `sampling.sample_t5` vs `T5ForConditionalGeneration` for the T5 presets, and
+    `models.decoder_sampling.sample_decoder` (each prompt prefilled in one pass) vs `GPT2LMHeadModel` for the
+    decoder-only ones.
+
+    Scenarios: greedy (batch 32, 128 prompt tokens, exactly 64 new tokens) and top-p 0.5 (8 prompts x 8 samples,
+    64 new tokens); EOS is suppressed in both implementations (min_new_tokens = max_new_tokens) so both generate
+    the same number of tokens. Ours splits the prompts over all JAX devices when they divide the batch.
+    """
+    cpu.expose_host_devices(args.host_devices)
+    import jax
+    import numpy as np
+    import torch
+    import transformers
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+    device = _torch_setup(torch, args)
+    load_before = os.getloadavg()
+    family, model_preset = SAMPLE_PRESETS[args.preset]
+    side = (_t5_sampler if family == "t5" else _decoder_sampler)(model_preset, args.seed, device)
+    config, reference = side["config"], side["reference"]
+    rng = np.random.default_rng(args.seed)
     devices = jax.devices()
     mesh = jax.make_mesh((len(devices),), ("data",), axis_types=(AxisType.Auto,), devices=devices)
-    params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))  # replicated once, not per call
+    params = jax.device_put(side["params"], NamedSharding(mesh, PartitionSpec()))  # replicated once, not per call
+    # transformers' output starts with the prompt (decoder-only) or the decoder start token (T5).
+    skip = args.prompt_len if side["echoes_prompt"] else 1
 
     scenarios = {
         "greedy": dict(batch=32, num_samples=1, temperature=0.0, top_p=1.0),
@@ -115,13 +153,13 @@ def bench_sample(args) -> dict:
                      max_top_k=args.max_top_k, mesh=mesh if split else None)
 
         def ours():
-            return jax.block_until_ready(sampling.sample_t5(params, prompts, key, **knobs))
+            return jax.block_until_ready(side["sample"](params, prompts, key, **knobs))
 
         generation = transformers.GenerationConfig(
             do_sample=sc["temperature"] > 0, num_beams=1, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
             num_return_sequences=sc["num_samples"], top_k=0 if sc["temperature"] > 0 else None,
             top_p=sc["top_p"] if sc["temperature"] > 0 else None, temperature=sc["temperature"] or None,
-            decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+            **side["generation"])
         input_ids = torch.from_numpy(prompts.astype(np.int64)).to(device)
 
         def theirs():
@@ -134,7 +172,7 @@ def bench_sample(args) -> dict:
         start = time.perf_counter()
         first = ours()
         first_call = time.perf_counter() - start
-        theirs_tokens = theirs()[:, 1:].cpu().numpy()
+        theirs_tokens = theirs()[:, skip:].cpu().numpy()
         med = _median_interleaved({"ours": ours, "transformers": theirs}, args.repeats)
         generated = sc["batch"] * sc["num_samples"] * new_tokens
         ours_tokens = np.asarray(first.tokens).reshape(-1, new_tokens)
@@ -154,7 +192,7 @@ def bench_sample(args) -> dict:
             # Float summation order differs, so long greedy runs may drift apart after a near-tie.
             entry["greedy_identical_rows"] = int(np.all(ours_tokens == theirs_tokens, axis=1).sum())
         results[name] = entry
-    return {"benchmark": "sample", "preset": args.preset, "config": SAMPLE_PRESETS[args.preset],
+    return {"benchmark": "sample", "preset": args.preset, "config": model_preset, "family": family,
             "repeats": args.repeats, "torch_threads": args.torch_threads, "torch_device": args.torch_device,
             "cpu_cores": os.cpu_count(), "max_top_k": args.max_top_k, "jax_devices": str(jax.devices()),
             "malloc": cpu.malloc_in_use(),
