@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _devices import run_report
+from _helpers import compilations
 from flax.linen import meta
 
 from refiner_jax import sampling
@@ -295,14 +296,7 @@ def test_t5_greedy_on_bucket_padded_prompts_equals_transformers_generate(params,
 
 def test_t5_samples_differ_are_deterministic_and_knobs_do_not_recompile(params):
     kwargs = dict(config=CONFIG, max_new_tokens=MAX_NEW, num_samples=4)
-    compiles = []
-
-    def on_event(event, _duration, **_):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(on_event)
-    try:
+    with compilations() as compiles:
         a = sampling.sample_t5(params, PROMPTS, jax.random.key(1), temperature=1.0, top_p=0.95, **kwargs)
         assert compiles  # the listener sees compilations (a first call with these shapes compiles)
         compiles.clear()
@@ -311,8 +305,6 @@ def test_t5_samples_differ_are_deterministic_and_knobs_do_not_recompile(params):
         for knobs in (dict(temperature=0.7, top_p=0.5), dict(temperature=1.3, top_k=5), dict(temperature=0.0),
                       dict(temperature=0.9, top_k=3, top_p=0.8, min_new_tokens=4)):
             sampling.sample_t5(params, PROMPTS, jax.random.key(3), **knobs, **kwargs)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(on_event)
     assert compiles == []  # no XLA compilation after the first call
     assert a.tokens.shape == (4, 4, MAX_NEW) and a.log_prob.shape == (4, 4)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
