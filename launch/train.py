@@ -1,13 +1,16 @@
-"""Trains a REFINER critic and generator and evaluates them: tokenizer, warm-up, critic, REFINER loop, evaluation.
+"""Trains and evaluates one run of the config's pipeline: REFINER (tokenizer, warm-up, critic, REFINER loop,
+evaluation) or reward models (SFT policy, ORM, PRM, expert iteration, K-sample selection).
 
     python launch/train.py --config=configs/refiner_mwp.py --workdir=/tmp/refiner_mwp
     python launch/train.py --config=configs/refiner_mwp.py:svamp --config.task.data_dir=PATH --workdir=...
     python launch/train.py --config=configs/refiner_snlr.py --config.refiner.turns=4 --workdir=...
+    python launch/train.py --config=configs/rm_mwp.py --workdir=/tmp/rm_mwp
 
 Rerunning with the same --workdir skips finished stages and resumes an interrupted one. The logic lives in
-`refiner_jax.training.pipeline`; this file only parses flags. On Linux it first starts itself again with a faster
-malloc for XLA:CPU (`refiner_jax.cpu`: jemalloc where installed, else glibc's transparent huge pages;
-`REFINER_JAX_MALLOC=glibc` keeps glibc's malloc, `GLIBC_TUNABLES=glibc.malloc.hugetlb=0` its small pages).
+`refiner_jax.training.pipeline` and `refiner_jax.training.reward`; this file only parses flags. On Linux it first
+starts itself again with a faster malloc for XLA:CPU (`refiner_jax.cpu`: jemalloc where installed, else glibc's
+transparent huge pages; `REFINER_JAX_MALLOC=glibc` keeps glibc's malloc, `GLIBC_TUNABLES=glibc.malloc.hugetlb=0` its
+small pages).
 """
 if __name__ == "__main__":  # before JAX starts or any flag is read
     from refiner_jax import cpu
@@ -20,12 +23,13 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from refiner_jax import cpu, sharding
-from refiner_jax.training import pipeline
+from refiner_jax.training import pipeline, reward
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py[:variant]).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "workdir/refiner", "Run directory (checkpoints, metrics, results).")
-_STAGES = flags.DEFINE_list("stages", list(pipeline.STAGES), f"Stages to run, from {pipeline.STAGES}.")
+_STAGES = flags.DEFINE_list("stages", [], f"Stages to run (default: all of the config's pipeline): from "
+                            f"{pipeline.STAGES} (config.pipeline 'refiner') or {reward.STAGES} ('reward').")
 _MULTIHOST = flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() (TPU pod slices, multi-node "
                                 "GPU clusters; the cluster is auto-detected).")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for a multi-process run "
@@ -51,7 +55,9 @@ def main(argv):
         raise app.UsageError(f"JAX started its CPU backend with {jax.local_device_count()} devices before "
                              f"--host_devices={_HOST_DEVICES.value} could apply; set XLA_FLAGS="
                              f"{cpu.HOST_DEVICES_FLAG}={host_devices} in the environment instead")
-    pipeline.run(_CONFIG.value, _WORKDIR.value, tuple(_STAGES.value))
+    run = reward.run if _CONFIG.value.get("pipeline", "refiner") == "reward" else pipeline.run
+    stages = tuple(_STAGES.value) or (reward.STAGES if run is reward.run else pipeline.STAGES)
+    run(_CONFIG.value, _WORKDIR.value, stages)
 
 
 if __name__ == "__main__":

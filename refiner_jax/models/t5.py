@@ -472,6 +472,17 @@ class T5(nn.Module):
         encoded = self.encode(encoder_input_tokens, enable_dropout)
         return self.decode(encoded, encoder_input_tokens, decoder_input_tokens, enable_dropout)
 
+    def hidden_states(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
+                      enable_dropout: bool = False) -> Array:
+        """The decoder's final-norm outputs `[batch, dec_len, d_model]`, before the output projection (reward
+        heads read them; `logits` turns them into next-token logits)."""
+        encoded = self.encode(encoder_input_tokens, enable_dropout)
+        return self.decoder(self._embed(decoder_input_tokens), encoded, encoder_input_tokens > 0, not enable_dropout)
+
+    def logits(self, h: Array) -> Array:
+        """Hidden states `[..., d_model]` -> next-token logits `[..., vocab]` (float32)."""
+        return self._logits(h)
+
     def cross_kv(self, encoded: Array) -> tuple[tuple[Array, Array], ...]:
         """Per decoder layer, the cross-attention keys and values `[batch, heads, enc_len, d_kv]` of `encoded`, for
         `decode_step`."""

@@ -11,7 +11,10 @@ import ml_collections
 
 from refiner_jax import sharding as shd
 from refiner_jax.models.t5 import HUB_NAMES, PRESETS
+from refiner_jax.models.reward import HEADS
 from refiner_jax.refine import CRITIC_MODES
+from refiner_jax.rerank import REDUCTIONS
+from refiner_jax.tasks.prm800k import NEUTRAL_MODES
 from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE
 from refiner_jax.training.optim import make_schedule
 
@@ -30,9 +33,16 @@ def _optimizer(learning_rate: float) -> dict:
             "weight_decay": 0.0, "b1": 0.9, "b2": 0.999, "eps": 1e-8, "grad_clip_norm": 1.0}
 
 
+PIPELINES = ("refiner", "reward")
+RL_REWARDS = ("final", "orm", "prm")
+
+
 def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
+    # "refiner": warm-up, critic, REFINER loop, evaluation (`training.pipeline`); "reward": SFT, outcome and process
+    # reward models, expert iteration, K-sample selection (`training.reward`).
+    c.pipeline = "refiner"
 
     c.task = ml_collections.ConfigDict({"name": "mwp", "data_dir": "", "options": {}})
     # subword: trained on the run's own training texts (saved in the workdir), with punctuation split from words
@@ -83,6 +93,31 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval = ml_collections.ConfigDict({
         "examples": 1000, "turns": 3, "batch_size": 128, "noise_levels": (0.0, 0.25, 0.5, 0.75, 1.0),
         "bootstrap_samples": 1000})
+    # The reward-model pipeline (`pipeline = "reward"`, `training.reward`): the warm-up section trains the SFT policy,
+    # then `reward` its outcome and process reward models on `samples` policy samples (temperature `temperature`,
+    # nucleus `top_p`) of each of `train_problems` training problems (with `fresh_problems`, problems of the task's
+    # generator that no split holds, which the policy never trained on, like test), validated and early-stopped on
+    # `val_problems`, labelled by the task, or for the PRM by a PRM800K-style `labels_file` (0 ratings counted as
+    # `neutral`); with `mixed_only`, only on the problems whose samples are not all right or all wrong (no label can
+    # then be guessed from the problem's difficulty); with `lm_weight` > 0 it also keeps learning x -> z* on each
+    # problem's gold solution (that weight per token; Cobbe et al.'s joint objective). `head` "token" reads the LM's
+    # logits of the two `label_tokens` (correct, wrong) at each step end, "scalar" a linear head. Evaluation draws
+    # `test_samples` per test problem (`eval.examples` of them) and picks one by each rule of `rerank` (the policy's
+    # log-probability and, with `critic_workdir` naming a REFINER run of the same task, its trained critic's
+    # confidence also rerank); the PRM's solution score is its `prm_reduction` over steps.
+    c.reward = ml_collections.ConfigDict({
+        "samples": 8, "train_problems": 2000, "val_problems": 200, "temperature": 0.7, "top_p": 1.0,
+        "head": "token", "label_tokens": ("+", "-"), "max_steps": 8, "labels_file": "", "neutral": "positive",
+        "steps": 600, "batch_size": 64, "microbatches": 1, "optimizer": _optimizer(1e-3), "eval_every": 200,
+        "patience": 2, "mixed_only": False, "fresh_problems": False, "lm_weight": 0.0, "test_samples": 16,
+        "prm_reduction": "min", "abstention": 0.3, "sample_rows": 1024, "critic_workdir": ""})
+    # Expert iteration (reward pipeline): for each reward of `rewards` ("final": the answer is right, "orm" / "prm":
+    # that reward model's score >= `threshold`), `rounds` times: sample `samples` solutions of each of `problems`
+    # training problems from the current policy, keep the rewarded ones (once each), fine-tune on them.
+    c.rl = ml_collections.ConfigDict({
+        "rewards": ("final", "orm", "prm"), "rounds": 1, "samples": 4, "problems": 2000, "threshold": 0.5,
+        "steps": 200, "batch_size": 32, "microbatches": 1, "optimizer": _optimizer(5e-4), "eval_every": 100,
+        "eval_examples": 300})
     c.checkpoint = ml_collections.ConfigDict({"every": 200, "keep": 2})
     c.log_every = 50
     return c
@@ -123,6 +158,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
 
     from refiner_jax.tasks import _REGISTRY  # the task names
 
+    need(c.get("pipeline", "refiner") in PIPELINES, "pipeline",
+         f"{c.get('pipeline')!r} is not a pipeline; use one of {PIPELINES}")
     need(c.task.name in _REGISTRY, "task.name", f"unknown task {c.task.name!r}; use one of {sorted(_REGISTRY)}")
     need(c.tokenizer.kind in ("subword", "byte", "hf"), "tokenizer.kind",
          f"{c.tokenizer.kind!r} is not a tokenizer kind; use subword, byte or hf")
@@ -136,12 +173,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
         need(c.model[name] in _DTYPES, f"model.{name}", f"{c.model[name]!r} is not a dtype; use one of {_DTYPES}")
     for name in ("input", "target", "refine_input", "critic_input", "feedback"):
         need(int(c.lengths[name]) > 0, f"lengths.{name}", "must be a positive number of tokens")
-    for stage_name in ("critic", "warmup", "refiner"):
+    for stage_name in ("critic", "warmup", "refiner", "reward", "rl"):
         stage = c[stage_name]
         need(stage.steps >= 0, f"{stage_name}.steps", "must be >= 0")
         need(stage.batch_size > 0, f"{stage_name}.batch_size", "must be positive")
         need(stage.eval_every > 0, f"{stage_name}.eval_every", "must be positive")
-        need(stage.eval_examples >= 1, f"{stage_name}.eval_examples", "must be >= 1 (validation problems)")
+        need(stage.get("eval_examples", 1) >= 1, f"{stage_name}.eval_examples", "must be >= 1 (validation problems)")
         opt = stage.optimizer
         need(opt.name in ("adamw", "adafactor"), f"{stage_name}.optimizer.name",
              f"{opt.name!r} is not supported; use adamw or adafactor")
@@ -185,6 +222,25 @@ def validate(c: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config.refiner.template: {e} in {r.template!r}; write a literal brace as {{{{ or }}}}")
     need(fields <= {"x", "z", "f"}, "refiner.template",
          f"unknown fields {sorted(fields - {'x', 'z', 'f'})} in {r.template!r}; only {{x}}, {{z}} and {{f}} exist")
+    rm = c.reward
+    for name in ("samples", "train_problems", "val_problems", "max_steps", "test_samples", "sample_rows"):
+        need(rm[name] >= 1, f"reward.{name}", "must be >= 1")
+    need(rm.temperature > 0.0, "reward.temperature", "must be > 0 (the samples must differ)")
+    need(0.0 < rm.top_p <= 1.0, "reward.top_p", "must be in (0, 1]")
+    need(rm.head in HEADS, "reward.head", f"{rm.head!r} is not a reward head; use one of {HEADS}")
+    need(len(rm.label_tokens) == 2 and len(set(rm.label_tokens)) == 2, "reward.label_tokens",
+         f"needs two different strings (correct, wrong), got {tuple(rm.label_tokens)}")
+    need(rm.neutral in NEUTRAL_MODES, "reward.neutral", f"{rm.neutral!r}: use one of {NEUTRAL_MODES}")
+    need(rm.patience >= 0, "reward.patience", "must be >= 0 (0: no early stopping)")
+    need(rm.lm_weight >= 0, "reward.lm_weight", "must be >= 0 (0: no language-modelling loss)")
+    need(rm.prm_reduction in REDUCTIONS, "reward.prm_reduction", f"{rm.prm_reduction!r}: use one of {REDUCTIONS}")
+    need(0.0 <= rm.abstention < 1.0, "reward.abstention", "must be a share in [0, 1)")
+    need(rm.test_samples <= 96 * 8, "reward.test_samples", "more than 768 samples per problem is not supported")
+    rl = c.rl
+    need(set(rl.rewards) <= set(RL_REWARDS), "rl.rewards", f"{tuple(rl.rewards)}: choose from {RL_REWARDS}")
+    for name in ("rounds", "samples", "problems"):
+        need(rl[name] >= 1, f"rl.{name}", "must be >= 1")
+    need(0.0 <= rl.threshold <= 1.0, "rl.threshold", "must be a probability in [0, 1]")
     need(c.eval.turns >= 1, "eval.turns", "must be >= 1")
     need(c.eval.examples >= 1, "eval.examples", "must be >= 1 (test problems to evaluate)")
     need(c.eval.batch_size >= 1, "eval.batch_size", "must be >= 1")
@@ -203,10 +259,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config.logical_axis_rules: {e}") from e
 
 
-def validate_for_mesh(c: ml_collections.ConfigDict, batch_shards: int, processes: int = 1) -> None:
+def validate_for_mesh(c: ml_collections.ConfigDict, batch_shards: int, processes: int = 1,
+                      stages: tuple[str, ...] = ("critic", "warmup", "refiner")) -> None:
     """Raises `ConfigError` naming the stage's batch size when its microbatches cannot be split evenly over the
     mesh's `batch_shards` (data x fsdp devices) and the processes; call once the mesh exists, before compiling."""
-    for stage_name in ("critic", "warmup", "refiner"):
+    for stage_name in stages:
         stage = c[stage_name]
         rows = stage.batch_size * (c.refiner.turns if stage_name == "refiner" else 1)  # REFINER: a pair per turn
         unit = stage.microbatches * batch_shards

@@ -1,9 +1,10 @@
-"""One resumable seq2seq training stage: text pairs in, a trained (and exported) T5 out.
+"""One resumable training stage: training items in, a trained (and exported) model out.
 
 Every stage of a REFINER run (generator warm-up, critic, REFINER loop) is this loop with a different
-`make_pairs(params, indices, step)` that turns a batch of example indices into (input text, target text) pairs —
-the REFINER loop samples from the current parameters there. Everything random is a function of (seed, step), the
-data order is checkpointed with the state, so a run killed at any point and restarted ends with the same
+`make_pairs(params, indices, step)` that turns a batch of example indices into (input text, target text) pairs — the
+REFINER loop samples from the current parameters there. A stage may instead bring its own `model`, `loss` and
+`collate` (reward models: labelled solutions in, a `RewardModel` out). Everything random is a function of (seed,
+step), the data order is checkpointed with the state, so a run killed at any point and restarted ends with the same
 parameters as one that never stopped.
 
 Layout under `<workdir>/<stage>/`: `ckpt/` (full state, keep-last-N plus best-by-validation), `export/` (params
@@ -17,6 +18,7 @@ import os
 import time
 from typing import Any, Callable, Sequence
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,7 +31,7 @@ from refiner_jax.tokenizers import Tokenizer
 from refiner_jax.training.data_order import EpochOrder
 from refiner_jax.training.optim import make_optimizer
 from refiner_jax.training.state import abstract_train_state, create_train_state, train_state_from_params
-from refiner_jax.training.steps import make_train_step, seq2seq_loss
+from refiner_jax.training.steps import LossFn, make_train_step, seq2seq_loss
 
 Pairs = Sequence[tuple[str, str]]
 MakePairs = Callable[[Any, np.ndarray, int], Pairs]  # (params, example indices, step) -> text pairs
@@ -47,6 +49,12 @@ class StageSpec:
     best_metric: str  # a key of `evaluate`'s result; higher is better
     input_len: int
     target_len: int
+    model: nn.Module | None = None  # default: T5(model_config)
+    loss: Callable[[nn.Module], LossFn] | None = None  # model -> loss function; default: seq2seq_loss(model.apply)
+    collate: Callable[[Any], dict] | None = None  # items -> arrays; default: `encode_pairs` of text pairs
+    init_args: tuple = ()  # dummy inputs of `model.init` (default: T5's tokens)
+    export_metadata: dict = dataclasses.field(default_factory=dict)  # saved with the exported parameters
+    patience: int = 0  # stop after this many evaluations without a better `best_metric` (0: never)
 
 
 class MetricsLog:
@@ -111,20 +119,21 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config, tokeni
     """Trains (or resumes) the stage to `spec.stage.steps` updates, exports the best parameters, marks it done.
     `rules` map the model's logical axes to `mesh` (config.logical_axis_rules)."""
     stage = spec.stage
-    model = T5(model_config)
+    model = spec.model or T5(model_config)
     opt_config = dict(stage.optimizer)
     opt_config["total_steps"] = max(1, stage.steps)
     tx, schedule = make_optimizer(opt_config)
-    dummy = jnp.ones((1, 8), jnp.int32)
+    init_args = spec.init_args or (jnp.ones((1, 8), jnp.int32),) * 2
 
     def init_fn(key):
-        return model.init(key, dummy, dummy)["params"]
+        return model.init(key, *init_args)["params"]
 
     if init_params is None:
         state, shardings = create_train_state(init_fn, tx, mesh, rules, seed=seed)
     else:
         state, shardings = train_state_from_params(init_params, init_fn, tx, mesh, rules, seed=seed)
-    train_step = make_train_step(seq2seq_loss(model.apply), tx, mesh, shardings, rules=rules,
+    loss = spec.loss(model) if spec.loss else seq2seq_loss(model.apply)
+    train_step = make_train_step(loss, tx, mesh, shardings, rules=rules,
                                  num_microbatches=stage.microbatches, schedule=schedule)
     order = EpochOrder(spec.num_examples, stage.batch_size, seed=seed)
     stage_dir = os.path.join(workdir, spec.name)
@@ -141,18 +150,22 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config, tokeni
                          disable=not shd.is_main_process())
     window_start, window_examples, window_tokens = time.time(), 0, 0
     last_eval: dict[str, float] = {}
+    best_value, stale = -float("inf"), 0  # early stopping, counted from this (re)start
     first_batch = True
     while step < stage.steps:
         # Every process makes the same pairs (their sampling needs the same inputs everywhere), then feeds its rows.
         pairs = spec.make_pairs(state.params, order.next_indices(), step)
-        if first_batch and shd.is_main_process():
+        if first_batch and spec.collate is None and shd.is_main_process():
             warning = truncation_warning(spec.name, tokenizer, pairs, spec.input_len, spec.target_len)
             if warning:
                 progress.write(warning)
         first_batch = False
-        batch = encode_pairs(tokenizer, pairs, spec.input_len, spec.target_len)  # the global batch, every process
+        if spec.collate is None:
+            batch = encode_pairs(tokenizer, pairs, spec.input_len, spec.target_len)  # the global batch, every process
+        else:
+            batch = spec.collate(pairs)
         window_examples += len(pairs)
-        window_tokens += int((batch["inputs"] > 0).sum() + (batch["targets"] > 0).sum())
+        window_tokens += int(sum((batch[k] > 0).sum() for k in ("inputs", "targets", "tokens") if k in batch))
         rows = shd.host_batch_slice(len(pairs))
         state, metrics = train_step(state, shd.make_global_batch({k: v[rows] for k, v in batch.items()}, mesh, rules))
         step += 1
@@ -171,9 +184,15 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config, tokeni
             window_start += time.time() - eval_start  # throughput counts training time only
             log.write(spec.name, step, last_eval)
             progress.write(f"[{spec.name}] step {step}: " + ", ".join(f"{k}={v:.4f}" for k, v in last_eval.items()))
+            value = last_eval.get(spec.best_metric, -float("inf"))
+            best_value, stale = (value, 0) if value > best_value else (best_value, stale + 1)
         if eval_now or checkpointer.should_save(step):
             checkpointer.save(step, state, extra={"data": order.state_dict()},
                               metrics=last_eval if eval_now else None, force=eval_now)
+        if spec.patience and stale >= spec.patience and step < stage.steps:
+            progress.write(f"[{spec.name}] stopped early at step {step}: {spec.best_metric} has not improved in "
+                           f"{stale} evaluations")
+            break
     progress.close()
     checkpointer.wait_until_finished()
     best = checkpointer.best_step() or step
@@ -184,7 +203,7 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config, tokeni
     final = {"best_step": best, **(checkpointer.metrics(best) or last_eval)}
     checkpointer.close()
     ckpt_lib.export_params(os.path.join(stage_dir, "export"), params,
-                           {"model_config": dataclasses.asdict(model_config), "step": best})
+                           {"model_config": dataclasses.asdict(model_config), "step": best, **spec.export_metadata})
     if shd.is_main_process():
         with open(os.path.join(stage_dir, "DONE"), "w", encoding="utf-8") as f:
             json.dump(final, f, indent=2)

@@ -9,6 +9,7 @@ checkpoints and exports, `metrics.jsonl`, TensorBoard logs and the results.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -114,24 +115,32 @@ def model_setup(config, tokenizer: Tokenizer) -> tuple[T5Config, Any]:
     return preset(config.model.preset, vocab_size=padded_vocab_size(tokenizer.vocab_size), **overrides), None
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...] = STAGES) -> dict:
-    """Runs (or resumes) the requested stages; returns {stage: final metrics}."""
+@dataclasses.dataclass
+class Setup:
+    """What every stage of a run shares, made once the whole config has been checked."""
+
+    task: Task
+    splits: dict[str, list[Example]]
+    tokenizer: Tokenizer
+    model_config: T5Config
+    pretrained: Any  # imported checkpoint parameters, or None
+    mesh: Any
+    rules: Any
+    log: MetricsLog
+    common: dict  # the keyword arguments of `train_stage` that every stage passes
+
+
+def setup(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...], known: tuple[str, ...],
+          sections: tuple[str, ...]) -> Setup:
+    """Checks the config, the requested `stages` (of `known`) and the workdir, then loads the data, the tokenizer
+    and the model config and records the config. `sections` are the config's training stages (batch checks)."""
     config_lib.validate(config)
     if "://" in workdir:
         raise config_lib.ConfigError(f"--workdir {workdir} is a URL; use a filesystem path (mount a bucket with "
                                      "gcsfuse to keep runs in Cloud Storage)")
-    unknown = set(stages) - set(STAGES)
+    unknown = set(stages) - set(known)
     if unknown:
-        raise config_lib.ConfigError(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
-    built_on_warmup = {
-        "critic": "config.critic.generator_fraction > 0: the critic samples from the warmed-up generator",
-        "refiner": "the refiner stage starts from the warmed-up generator"}
-    if config.critic.generator_fraction <= 0 or config.critic.mode == "solve":
-        del built_on_warmup["critic"]
-    for name, why in built_on_warmup.items():
-        if (name in stages and "warmup" not in stages and stage_done(workdir, name) is None
-                and stage_done(workdir, "warmup") is None):
-            raise config_lib.ConfigError(f"{why}, so run the warmup stage first (--stages=warmup,{name},...)")
+        raise config_lib.ConfigError(f"unknown stages {sorted(unknown)}; choose from {known}")
     if config.task.data_dir:  # recorded absolute, so evaluation and the tools find the data from any directory
         config.task.data_dir = os.path.abspath(os.path.expanduser(config.task.data_dir))
     os.makedirs(workdir, exist_ok=True)
@@ -145,18 +154,35 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
     model_config, pretrained = model_setup(config, tokenizer)
     mesh = shd.make_mesh(dict(config.mesh))
     rules = shd.normalize_rules(config.logical_axis_rules)
-    config_lib.validate_for_mesh(config, shd.batch_divisor(mesh, rules), jax.process_count())
-    for name in ("critic", "warmup", "refiner"):
+    config_lib.validate_for_mesh(config, shd.batch_divisor(mesh, rules), jax.process_count(), sections)
+    for name in sections:
         if config[name].batch_size > len(splits["train"]):
             raise config_lib.ConfigError(
                 f"config.{name}.batch_size: {config[name].batch_size} is more than the {len(splits['train'])} "
                 "training examples; use a smaller batch or more data")
     _save_workdir_config(workdir, config)
     log = MetricsLog(workdir)
-    lengths = config.lengths
     common = dict(workdir=workdir, model_config=model_config, tokenizer=tokenizer, mesh=mesh, rules=rules,
                   seed=config.seed, checkpoint_every=config.checkpoint.every, keep=config.checkpoint.keep,
                   log=log, log_every=config.log_every)
+    return Setup(task, splits, tokenizer, model_config, pretrained, mesh, rules, log, common)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...] = STAGES) -> dict:
+    """Runs (or resumes) the requested stages; returns {stage: final metrics}."""
+    built_on_warmup = {
+        "critic": "config.critic.generator_fraction > 0: the critic samples from the warmed-up generator",
+        "refiner": "the refiner stage starts from the warmed-up generator"}
+    if config.critic.generator_fraction <= 0 or config.critic.mode == "solve":
+        del built_on_warmup["critic"]
+    for name, why in built_on_warmup.items():
+        if (name in stages and "warmup" not in stages and stage_done(workdir, name) is None
+                and stage_done(workdir, "warmup") is None):
+            raise config_lib.ConfigError(f"{why}, so run the warmup stage first (--stages=warmup,{name},...)")
+    s = setup(config, workdir, stages, STAGES, ("critic", "warmup", "refiner"))
+    task, splits, tokenizer, model_config, pretrained = s.task, s.splits, s.tokenizer, s.model_config, s.pretrained
+    mesh, log, common = s.mesh, s.log, s.common
+    lengths = config.lengths
     results: dict[str, Any] = {}
     timings: dict[str, float] = {}
 
@@ -307,4 +333,4 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
     return results
 
 
-__all__ = ["STAGES", "build_tokenizer", "load_splits", "model_setup", "run"]
+__all__ = ["STAGES", "Setup", "build_tokenizer", "load_splits", "model_setup", "run", "setup"]

@@ -110,6 +110,34 @@ def seq2seq_loss(apply_fn: Callable[..., jax.Array], *, z_loss: float = 0.0) -> 
     return loss_fn
 
 
+def reward_loss(score_fn: Callable[[Any, Batch, jax.Array | None], jax.Array],
+                lm_fn: Callable[[Any, Batch, jax.Array | None], jax.Array] | None = None,
+                lm_weight: float = 0.0) -> LossFn:
+    """Binary cross-entropy of a reward model's step log-odds ``score_fn(params, batch, rng) -> [b, steps]``
+    against ``batch['labels']`` [b, steps] (1 = correct so far), over the steps where ``batch['label_mask']`` is 1.
+
+    With ``lm_weight`` > 0, plus ``lm_weight`` times the summed token cross-entropy of the reference solutions
+    ``batch['references']`` [b, len] under ``lm_fn(params, batch, rng) -> logits [b, len, vocab]`` (the verifier
+    keeps learning to solve while it learns to judge, as Cobbe et al. train theirs). Sums: ``loss_sum`` (the
+    classification part), ``accuracy_sum`` (the sign of the log-odds agrees with the label), ``lm_loss_sum``,
+    ``tokens`` (labelled steps: every sum is per labelled step)."""
+    def loss_fn(params: Any, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:
+        log_odds = score_fn(params, batch, rng).astype(jnp.float32)
+        labels, mask = batch["labels"], batch["label_mask"]
+        loss_sum = jnp.sum(jnp.where(mask > 0, optax.sigmoid_binary_cross_entropy(log_odds, labels), 0.0))
+        correct = jnp.sum(jnp.where(mask > 0, (log_odds > 0) == (labels > 0.5), False))
+        sums = {"loss_sum": loss_sum, "accuracy_sum": correct.astype(jnp.float32), "tokens": jnp.sum(mask)}
+        total = loss_sum
+        if lm_weight > 0:
+            references = batch["references"]
+            lm_sum, _ = masked_cross_entropy(lm_fn(params, batch, rng), references, references != PAD_ID)
+            sums["lm_loss_sum"] = lm_sum
+            total = total + lm_weight * lm_sum
+        return total, sums
+
+    return loss_fn
+
+
 def mean_metrics(sums: dict[str, Any]) -> dict[str, Any]:
     """``{'x_sum': s, 'tokens': n, ...}`` -> ``{'x': s / n, 'tokens': n, ...}`` (other entries unchanged)."""
     n = jnp.maximum(sums["tokens"], 1.0)

@@ -1,0 +1,376 @@
+"""A whole outcome- vs process-feedback run (Uesato et al.; reference spec §6), in order and resumable:
+
+    sft    the policy, x -> z on the training problems (the `warmup` config section)
+    orm    an outcome reward model trained on the SFT policy's labelled samples, initialised from the policy
+    prm    a process reward model on the same samples (or on a PRM800K-style label file)
+    rl     expert iteration, one policy per reward of `config.rl.rewards`: sample, keep the rewarded, fine-tune
+    eval   K samples per test problem, chosen by greedy / majority vote / ORM or PRM reranking / RM-weighted
+           voting, and each RL policy's greedy answer: final-answer error, trace error and error at
+           `reward.abstention` abstention with bootstrap intervals (`results.md`, `results.json`,
+           `abstention.png`)
+
+Policy samples are drawn once per (policy, split) and kept in `<workdir>/samples/`, so a resumed run and the ORM
+and PRM stages see the same ones.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from refiner_jax import checkpoint as ckpt_lib
+from refiner_jax import rerank
+from refiner_jax import reward as rm
+from refiner_jax import sharding as shd
+from refiner_jax.evaluate import error_auroc, paired_auroc
+from refiner_jax.models.reward import RewardModel
+from refiner_jax.models.t5 import T5
+from refiner_jax.refine import TextModel
+from refiner_jax.tasks.base import Example, Task
+from refiner_jax.tasks.prm800k import read_prm800k
+from refiner_jax.training import config as config_lib
+from refiner_jax.training import pipeline
+from refiner_jax.training import refiner as refiner_lib
+from refiner_jax.training.loop import StageSpec, stage_done, train_stage
+from refiner_jax.training.steps import reward_loss
+
+STAGES = ("sft", "orm", "prm", "rl", "eval")
+_SECTIONS = ("warmup", "reward", "rl")  # config sections that train
+
+
+def _write_json(path: str, value: Any) -> None:
+    if shd.is_main_process():
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(value, f, indent=2, default=float)
+
+
+class Run:
+    """One reward-pipeline run: its setup, and the policies, samples and reward models it makes as it goes."""
+
+    def __init__(self, config: ml_collections.ConfigDict, workdir: str, stages: Sequence[str]):
+        self.config, self.workdir, self.stages = config, workdir, tuple(stages)
+        self.s = pipeline.setup(config, workdir, self.stages, STAGES, _SECTIONS)
+        self.task: Task = self.s.task
+        self.lengths = config.lengths
+        train, val, test = (self.s.splits[k] for k in ("train", "val", "test"))
+        fresh = getattr(self.task, "fresh_problems", None)
+        if config.reward.fresh_problems and fresh is not None:
+            self.train = fresh(config.reward.train_problems, config.task.data_dir or None) or train
+        else:
+            self.train = train
+        self.train = self.train[:config.reward.train_problems]
+        self.val = val[:config.reward.val_problems]
+        self.test = test[:config.eval.examples]
+        self.label_ids = rm.label_ids(self.s.tokenizer, tuple(config.reward.label_tokens))
+        self.timings: dict[str, float] = {}
+
+    # ------------------------------------------------------------------------------------------------ policies
+
+    def policy(self, stage: str) -> Any:
+        return ckpt_lib.load_params(os.path.join(self.workdir, stage, "export"))[0]
+
+    def text_model(self, params: Any, rows: int | None = None) -> TextModel:
+        return TextModel(self.s.model_config, params, self.s.tokenizer, self.lengths.input, self.lengths.target,
+                         bucket=self.lengths.input, batch_size=rows or self.config.eval.batch_size, mesh=self.s.mesh)
+
+    def samples(self, policy_stage: str, name: str, examples: Sequence[Example], k: int, seed: int,
+                with_log_probs: bool = False):
+        """`k` samples per problem from the policy of `policy_stage` (and with `with_log_probs` their log-probs
+        under it, [n, k]), cached as `<workdir>/samples/<name>.json`. All k samples of a problem come from one
+        jitted sampler call (`reward.sample_rows` rows per call)."""
+        path = os.path.join(self.workdir, "samples", f"{name}.json")
+        cached = None
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                cached = json.load(f)
+            if cached["uids"] != [ex.uid for ex in examples] or cached["k"] != k:
+                cached = None
+        if cached is None:
+            r = self.config.reward
+            model = self.text_model(self.policy(policy_stage), rows=max(1, r.sample_rows // k))
+            start = time.time()
+            out, log_probs = model.generate_with_log_probs(
+                [ex.x for ex in examples], num_samples=k, temperature=r.temperature, top_p=r.top_p,
+                rng=jax.random.key(seed))
+            if shd.is_main_process():
+                print(f"[samples] {name}: {k} x {len(examples)} problems in {time.time() - start:.0f}s")
+            cached = {"uids": [ex.uid for ex in examples], "k": k, "samples": out, "log_probs": log_probs.tolist()}
+            _write_json(path, cached)
+        if with_log_probs:
+            return cached["samples"], np.asarray(cached["log_probs"], np.float64)
+        return cached["samples"]
+
+    def greedy(self, policy_stage: str, name: str, examples: Sequence[Example]) -> list[str]:
+        path = os.path.join(self.workdir, "samples", f"{name}.json")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                cached = json.load(f)
+            if cached["uids"] == [ex.uid for ex in examples]:
+                return cached["greedy"]
+        out = self.text_model(self.policy(policy_stage)).greedy([ex.x for ex in examples])
+        _write_json(path, {"uids": [ex.uid for ex in examples], "greedy": out})
+        return out
+
+    # ------------------------------------------------------------------------------------------------ reward models
+
+    def module(self) -> RewardModel:
+        return RewardModel(T5(self.s.model_config), self.config.reward.head, self.label_ids)
+
+    def scorer(self, params: Any, kind: str | None = None) -> rm.RewardScorer:
+        if kind is not None:
+            return rm.load_reward_model(os.path.join(self.workdir, kind), self.s.tokenizer, self.task,
+                                        self.lengths.input, self.lengths.target)
+        return rm.RewardScorer(self.module(), params, self.s.tokenizer, self.lengths.input, self.lengths.target,
+                               self.config.reward.max_steps, split_steps=self.task.split_steps)
+
+    def reward_data(self, kind: str, examples: Sequence[Example], samples: list[list[str]]
+                    ) -> list[rm.LabelledSolution]:
+        return [rm.labelled(kind, self.task, ex, h) for ex, hs in zip(examples, samples) for h in hs]
+
+    def reward_spec(self, kind: str) -> StageSpec:
+        r = self.config.reward
+        train_samples = self.samples("sft", "sft_train", self.train, r.samples, self.config.seed)
+        if kind == "prm" and r.labels_file:
+            data = [rm.LabelledSolution(s.question, s.text, s.steps, s.labels)
+                    for s in read_prm800k(r.labels_file, neutral=r.neutral)]
+            if not data:
+                raise config_lib.ConfigError(f"config.reward.labels_file {r.labels_file} holds no labelled solution")
+        else:
+            data = self.reward_data(kind, self.train, train_samples)
+            if r.mixed_only:
+                data = mixed_problems(data, r.samples)
+        val_samples = self.samples("sft", "sft_val", self.val, r.samples, self.config.seed + 1)
+        module = self.module()
+        d_model = self.s.model_config.d_model
+
+        def make(params, indices, step):
+            return [data[int(i)] for i in indices]
+
+        def validate(params):
+            return reward_validation(self.task, self.scorer(params), kind, self.val, val_samples, r.prm_reduction)
+
+        spec = StageSpec(
+            kind, r, len(data), make, validate, "paired_auroc", self.lengths.input, self.lengths.target,
+            model=module, loss=lambda m: reward_loss(lambda p, b, key: rm.step_log_odds(m, p, b, key),
+                                                     lambda p, b, key: rm.reference_logits(m, p, b, key),
+                                                     r.lm_weight),
+            collate=lambda sols: rm.t5_batch(self.s.tokenizer, sols, self.lengths.input, self.lengths.target,
+                                             r.max_steps),
+            init_args=(jnp.zeros((1, r.max_steps), jnp.int32), jnp.ones((1, 8), jnp.int32),
+                       jnp.ones((1, 8), jnp.int32)),
+            export_metadata=rm.export_metadata(module, kind, r.max_steps), patience=r.patience)
+        init = {"lm": self.policy("sft")}
+        if r.head == "scalar":
+            init.update(score_kernel=np.zeros((d_model,), np.float32), score_bias=np.zeros((), np.float32))
+        return spec, init
+
+    # ------------------------------------------------------------------------------------------------ stages
+
+    def stage(self, name: str, make_spec) -> dict | None:
+        done = stage_done(self.workdir, name)
+        if done is not None or name.split("_")[0] not in self.stages:
+            return done
+        spec, init = make_spec()
+        start = time.time()
+        out = train_stage(spec, init_params=init, **self.s.common)
+        self.timings[name] = time.time() - start
+        return out
+
+    def sft_spec(self):
+        c = self.config
+        train = self.s.splits["train"]
+        pairs = refiner_lib.warmup_pairs(train, self.task, 0.0, seed=c.seed)
+        return StageSpec("sft", c.warmup, len(train), pairs, self.generator_eval(c.warmup.eval_examples),
+                         self.task.primary_metric, self.lengths.input, self.lengths.target), self.s.pretrained
+
+    def generator_eval(self, count: int):
+        examples = self.s.splits["val"][:count]
+        return lambda p: refiner_lib.generator_metrics(self.task, self.text_model(p), examples)
+
+    def rl_round_spec(self, reward: str, round_index: int, previous: str):
+        """A round of expert iteration: sample from the `previous` policy, keep what `reward` accepts, fine-tune."""
+        c = self.config
+        problems = self.s.splits["train"][:c.rl.problems]
+        name = f"rl_{reward}_{round_index}"
+        samples = self.samples(previous, name, problems, c.rl.samples, c.seed + 100 * round_index)
+        kept = self.keep(reward, problems, samples)
+        if len(kept) < c.rl.batch_size:
+            raise config_lib.ConfigError(
+                f"expert iteration with reward {reward!r} kept {len(kept)} of {c.rl.samples * len(problems)} samples, "
+                f"fewer than config.rl.batch_size {c.rl.batch_size}; lower config.rl.threshold or draw more "
+                "(config.rl.samples, config.rl.problems)")
+        _write_json(os.path.join(self.workdir, name, "kept.json"),
+                    {"kept": len(kept), "sampled": c.rl.samples * len(problems)})
+
+        def make(params, indices, step):
+            return [kept[int(i)] for i in indices]
+
+        return (StageSpec(name, c.rl, len(kept), make, self.generator_eval(c.rl.eval_examples),
+                          self.task.primary_metric, self.lengths.input, self.lengths.target), self.policy(previous))
+
+    def keep(self, reward: str, problems: Sequence[Example], samples: list[list[str]]) -> list[tuple[str, str]]:
+        """(x, solution) pairs of the distinct samples that `reward` accepts."""
+        flat = [(ex, h) for ex, hs in zip(problems, samples) for h in dict.fromkeys(hs) if h.strip()]
+        if reward == "final":
+            accepted = [self.task.outcome_label(ex, h) for ex, h in flat]
+        else:
+            reduction = "last" if reward == "orm" else self.config.reward.prm_reduction
+            scores = self.scorer(None, reward).solution_scores([ex.x for ex, _ in flat], [h for _, h in flat],
+                                                               reduction)
+            accepted = scores >= self.config.rl.threshold
+        return [(ex.x, h) for (ex, h), ok in zip(flat, accepted) if ok]
+
+    def rl(self) -> dict:
+        out = {}
+        for reward in self.config.rl.rewards:
+            previous = "sft"
+            for r in range(1, self.config.rl.rounds + 1):
+                name = f"rl_{reward}_{r}"
+                out[name] = self.stage(name, lambda: self.rl_round_spec(reward, r, previous))
+                previous = name
+        return out
+
+    # ------------------------------------------------------------------------------------------------ evaluation
+
+    def evaluate(self) -> dict:
+        c, task, test = self.config, self.task, self.test
+        k = c.reward.test_samples
+        samples, log_probs = self.samples("sft", "sft_test", test, k, c.seed + 2, with_log_probs=True)  # [n][k]
+        greedy = self.greedy("sft", "sft_test_greedy", test)
+        flat_x = [ex.x for ex in test for _ in range(k)]
+        flat_h = [h for hs in samples for h in hs]
+        orm, prm = self.scorer(None, "orm"), self.scorer(None, "prm")
+        orm_scores = orm.solution_scores(flat_x, flat_h, "last").reshape(len(test), k)
+        prm_scores = prm.solution_scores(flat_x, flat_h, c.reward.prm_reduction).reshape(len(test), k)
+        answers = [[task.answer_key(ex, h) for h in hs] for ex, hs in zip(test, samples)]
+        correct = np.array([[task.outcome_label(ex, h) for h in hs] for ex, hs in zip(test, samples)])
+        steps_ok = np.array([[_all_steps_right(task, ex, h) for h in hs] for ex, hs in zip(test, samples)])
+
+        def greedy_outcome(solutions: list[str]) -> rerank.Outcome:
+            """A policy's greedy answers, its confidence the ORM's score of them."""
+            conf = orm.solution_scores([ex.x for ex in test], solutions, "last")[:, None]
+            sel = rerank.greedy([[task.answer_key(ex, h)] for ex, h in zip(test, solutions)], conf)
+            return sel.outcome([[task.outcome_label(ex, h)] for ex, h in zip(test, solutions)],
+                               [[_all_steps_right(task, ex, h)] for ex, h in zip(test, solutions)])
+
+        selections = {
+            f"SFT majority vote (K={k})": rerank.majority_vote(answers),
+            f"ORM rerank (K={k})": rerank.best_of_k(answers, orm_scores),
+            f"PRM rerank (K={k})": rerank.best_of_k(answers, prm_scores),
+            f"ORM-weighted vote (K={k})": rerank.weighted_vote(answers, orm_scores),
+            f"PRM-weighted vote (K={k})": rerank.weighted_vote(answers, prm_scores),
+            f"SFT log-prob rerank (K={k})": rerank.best_of_k(answers, log_probs),
+        }
+        if c.reward.critic_workdir:  # a REFINER run's trained critic: its confidence that a sample is right
+            from refiner_jax.refine import load_critic
+
+            critic = load_critic(c.reward.critic_workdir, task, c.eval.batch_size, self.s.mesh)
+            confidence = critic.confidence([ex for ex in test for _ in range(k)], flat_h).reshape(len(test), k)
+            selections[f"REFINER critic rerank (K={k})"] = rerank.best_of_k(answers, confidence)
+        outcomes = {"SFT greedy": greedy_outcome(greedy)}
+        outcomes.update({name: sel.outcome(correct, steps_ok) for name, sel in selections.items()})
+        for reward in c.rl.rewards:
+            stage = f"rl_{reward}_{c.rl.rounds}"
+            if stage_done(self.workdir, stage) is not None:
+                label = {"final": "Final-Answer RL", "orm": "ORM-RL", "prm": "PRM-RL"}[reward]
+                outcomes[f"{label} greedy"] = greedy_outcome(self.greedy(stage, f"{stage}_test_greedy", test))
+        table = rerank.results_table(outcomes, rate=c.reward.abstention, samples=c.eval.bootstrap_samples,
+                                     seed=c.seed)
+        groups = np.repeat(np.arange(len(test)), k)
+        quality = {
+            "orm": {"paired_auroc_final_answer": paired_auroc(orm_scores.ravel(), ~correct.ravel(), groups),
+                    "auroc_final_answer": error_auroc(orm_scores.ravel(), ~correct.ravel())},
+            "prm": {"paired_auroc_all_steps": paired_auroc(prm_scores.ravel(), ~steps_ok.ravel(), groups),
+                    "paired_auroc_final_answer": paired_auroc(prm_scores.ravel(), ~correct.ravel(), groups),
+                    "auroc_all_steps": error_auroc(prm_scores.ravel(), ~steps_ok.ravel())},
+            "samples": {"k": k, "any_right": float(correct.any(axis=1).mean()),
+                        "right": float(correct.mean()), "all_steps_right": float(steps_ok.mean())},
+        }
+        curves = {name: rerank.abstention_curve(o.confidence, o.correct) for name, o in outcomes.items()}
+        results = {"table": table.rows, "rate": table.rate, "problems": table.n_problems, "quality": quality,
+                   "curves": {n: {"coverage": cv.coverage.tolist(), "error": cv.error.tolist()}
+                              for n, cv in curves.items()}}
+        if shd.is_main_process():
+            rerank.plot_abstention(curves, os.path.join(self.workdir, "abstention.png"))
+            lines = [f"# {task.name}: outcome- vs process-based feedback\n", rerank.markdown_table(table),
+                     "\nReward models on the SFT policy's test samples (paired AUROC: within a problem, right vs "
+                     "wrong samples):\n"]
+            lines += [f"- {name}: " + ", ".join(f"{key} {100 * v:.1f}" for key, v in q.items()
+                                                 if isinstance(v, float))
+                      for name, q in quality.items()]
+            lines.append("\n![abstention](abstention.png)\n")
+            with open(os.path.join(self.workdir, "results.md"), "w", encoding="utf-8") as f:
+                f.write("\n".join(lines))
+            print("\n".join(lines))
+        _write_json(os.path.join(self.workdir, "results.json"), results)
+        return results
+
+
+def mixed_problems(data: Sequence[rm.LabelledSolution], k: int) -> list[rm.LabelledSolution]:
+    """The solutions of the problems (runs of `k` consecutive solutions) whose solution labels (the last step's)
+    are not all equal: on them the label cannot be told from the problem alone, only from the solution."""
+    out: list[rm.LabelledSolution] = []
+    for start in range(0, len(data), k):
+        group = data[start:start + k]
+        if len({bool(s.labels) and s.labels[-1] for s in group}) > 1:
+            out += group
+    return out
+
+
+def _all_steps_right(task: Task, example: Example, hypothesis: str) -> bool:
+    labels = task.step_labels(example, hypothesis)
+    return bool(labels) and all(labels)
+
+
+def reward_validation(task: Task, scorer: rm.RewardScorer, kind: str, examples: Sequence[Example],
+                      samples: list[list[str]], prm_reduction: str = "min") -> dict[str, float]:
+    """A reward model on policy samples of validation problems: step accuracy against its own labels, paired
+    (within-problem) AUROC of its solution score against its solution label (the ORM's: the final answer; the PRM's:
+    every step right), and the final-answer accuracy of reranking the samples by it."""
+    flat = [(ex, h) for ex, hs in zip(examples, samples) for h in hs]
+    steps = scorer.step_scores([ex.x for ex, _ in flat], [h for _, h in flat])
+    hits, count, scores, labels = 0, 0, [], []
+    for (ex, h), s in zip(flat, steps):
+        want = rm.step_labels(kind, task, ex, h)[:len(s)]
+        hits += int(np.sum((np.asarray(s) > 0.5) == np.asarray(want, bool)))
+        count += len(want)
+        reduction = "last" if kind == "orm" else prm_reduction
+        scores.append(float(rerank.solution_scores([s], reduction)[0]) if len(s) else 0.0)
+        labels.append(bool(want) and all(want) if kind == "prm" else task.outcome_label(ex, h))
+    k = len(samples[0]) if samples else 1
+    groups = np.repeat(np.arange(len(examples)), k)
+    answers = [[task.answer_key(ex, h) for h in hs] for ex, hs in zip(examples, samples)]
+    correct = np.array([[task.outcome_label(ex, h) for h in hs] for ex, hs in zip(examples, samples)])
+    chosen = rerank.best_of_k(answers, np.asarray(scores).reshape(len(examples), k)).outcome(correct)
+    auroc = paired_auroc(scores, ~np.asarray(labels), groups)
+    return {"step_accuracy": hits / max(count, 1), "paired_auroc": 0.5 if np.isnan(auroc) else auroc,
+            "rerank_accuracy": float(chosen.correct.mean())}
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, stages: Sequence[str] = STAGES) -> dict:
+    """Runs (or resumes) the requested stages of the reward pipeline; returns {stage: final metrics}."""
+    r = Run(config, workdir, stages)
+    results: dict[str, Any] = {"sft": r.stage("sft", r.sft_spec)}
+    for kind in ("orm", "prm"):
+        results[kind] = r.stage(kind, lambda: r.reward_spec(kind))
+    results.update(r.rl())
+    results["eval"] = stage_done(workdir, "eval")
+    if "eval" in r.stages and results["eval"] is None:
+        start = time.time()
+        evaluation = r.evaluate()
+        r.timings["eval"] = time.time() - start
+        results["eval"] = {"table": evaluation["table"], "seconds": r.timings["eval"]}
+        _write_json(os.path.join(workdir, "eval", "DONE"), results["eval"])
+    r.s.log.close()
+    if shd.is_main_process():
+        with open(os.path.join(workdir, "timings.json"), "a", encoding="utf-8") as f:
+            f.write(json.dumps(r.timings) + "\n")
+        print("[timings] " + ", ".join(f"{k} {v:.0f}s" for k, v in r.timings.items()))
+    return results

@@ -1,0 +1,235 @@
+"""Reward models: labels, the step encoding, one-pass scoring against scoring each prefix on its own, the loss
+against a hand computation, and a sharded reward-model train step on 8 virtual devices against 1 device.
+
+The multi-device check runs this file as a script in a subprocess (XLA_FLAGS must be set before JAX starts).
+"""
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import optax  # noqa: E402
+
+from refiner_jax import reward  # noqa: E402
+from refiner_jax.models import decoder as decoder_lib  # noqa: E402
+from refiner_jax.models.reward import RewardModel  # noqa: E402
+from refiner_jax.models.t5 import T5, preset  # noqa: E402
+from refiner_jax.tasks import mwp  # noqa: E402
+from refiner_jax.tasks.base import Example  # noqa: E402
+from refiner_jax.tokenizers import ByteTokenizer  # noqa: E402
+from refiner_jax.training.steps import reward_loss  # noqa: E402
+
+G3 = "#0: add ( number0, number1 ) | #1: multiply ( #0, number2 ) | #2: subtract ( #1, number3 )"
+WRONG_STEP_1 = "#0: add ( number1, number0 ) | #1: multiply ( #0, number3 ) | #2: subtract ( #1, number3 )"
+NUMBERS = (1.0, 2.0, 3.0, 4.0)  # G3 = (1 + 2) * 3 - 4 = 5
+
+
+def example(z=G3):
+    value = mwp.execute(z, NUMBERS)
+    return Example("u", "a problem with four numbers", z, repr(value), {"numbers": list(NUMBERS), "answer": value})
+
+
+# --------------------------------------------------------------------------------------------------- labels
+
+
+@pytest.mark.parametrize("hypothesis,orm,prm", [
+    (G3, [True] * 3, [True] * 3),
+    (WRONG_STEP_1, [False] * 3, [True, False, False]),
+    # 3 * 3 - 4 = 5: the right answer by steps that are no subexpressions of the gold (1 + 2) * 3 - 4.
+    ("#0: multiply ( number2, number2 ) | #1: subtract ( #0, number3 )", [True] * 2, [False, False]),
+    ("#0: add ( number0, number1 ) | #1: multiply ( #0, number2 )", [False] * 2, [True, True]),
+])
+def test_orm_and_prm_labels_by_hand(hypothesis, orm, prm):
+    task = mwp.MWPTask()
+    assert reward.step_labels("orm", task, example(), hypothesis) == orm
+    assert reward.step_labels("prm", task, example(), hypothesis) == prm
+    with pytest.raises(ValueError, match="kind"):
+        reward.step_labels("vrm", task, example(), hypothesis)
+
+
+def test_step_ends_cover_the_text_and_reject_foreign_steps():
+    steps = mwp.MWPTask().split_steps(G3 + " <END>")
+    ends = reward.step_ends(G3 + " <END>", steps)
+    assert ends == [G3.index(" |"), G3.index(" | #2"), len(G3 + " <END>")]  # the end marker belongs to the last
+    with pytest.raises(ValueError, match="substrings"):
+        reward.step_ends(G3, ["#1: nothing like it"])
+
+
+def test_step_ends_are_token_boundaries_in_training_and_scoring_batches():
+    """The token read for step i is the last token of exactly text[:end_i], in the training batch of a labelled
+    solution and in the scorer's batch of the same text."""
+    tok = ByteTokenizer()
+    task = mwp.MWPTask()
+    text = WRONG_STEP_1 + " <END>"
+    train = reward.t5_batch(tok, [reward.labelled("prm", task, example(), text)], 8, 128, 4)
+    ends = reward.step_ends(text, task.split_steps(text))
+    positions = train["positions"][0, :3]
+    for p, end in zip(positions, ends):
+        assert tok.decode(train["targets"][0, :p]) == text[:end]
+    assert train["labels"][0].tolist() == [1.0, 0.0, 0.0, 0.0] and train["label_mask"][0].tolist() == [1, 1, 1, 0]
+    model = RewardModel(T5(preset("t5-tiny", vocab_size=384, num_layers=1)), "token", (ord("+") + 3, ord("-") + 3))
+    scorer = reward.RewardScorer(model, None, tok, 8, 128, 4, batch_size=2, split_steps=task.split_steps)
+    seen = {}
+    scorer._fn = lambda params, batch: seen.update(batch) or jnp.zeros(batch["positions"].shape)
+    scorer.step_scores([example().x], [text])
+    for key in ("inputs", "targets", "positions", "label_mask"):
+        np.testing.assert_array_equal(seen[key][:1], train[key])
+
+
+def test_budget_cuts_mask_steps_that_do_not_fit():
+    tok = ByteTokenizer()
+    task = mwp.MWPTask()
+    batch = reward.t5_batch(tok, [reward.labelled("orm", task, example(), G3)], 8, 40, 2)
+    assert batch["label_mask"][0].tolist() == [1, 0]  # step 1 ends past 39 tokens; only 2 steps kept anyway
+    assert batch["targets"][0, -1] == tok.eos_id
+
+
+def test_label_ids_need_single_tokens():
+    tok = ByteTokenizer()
+    assert reward.label_ids(tok, ("+", "-")) == tuple(tok.encode(c, add_eos=False)[0] for c in "+-")
+    with pytest.raises(ValueError, match="label_tokens"):
+        reward.label_ids(tok, ("good", "-"))
+
+
+# --------------------------------------------------------------------------------------------------- one pass
+
+
+def _perturb_params(params, seed=1):
+    """Random values for every leaf (the scalar head starts at zero, which would hide misplaced reads)."""
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return jax.tree.unflatten(tree, [0.5 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
+
+
+@pytest.mark.parametrize("family", ["t5", "decoder"])
+@pytest.mark.parametrize("head", ["token", "scalar"])
+def test_one_forward_pass_equals_scoring_each_prefix_separately(family, head):
+    tok = ByteTokenizer()
+    task = mwp.MWPTask()
+    if family == "t5":
+        lm = T5(preset("t5-tiny", vocab_size=384, num_layers=2, dropout_rate=0.0))
+    else:
+        lm = decoder_lib.Decoder(decoder_lib.preset("llama-tiny", vocab_size=384, max_positions=256))
+    model = RewardModel(lm, head, reward.label_ids(tok, ("+", "-")))
+    solutions = [reward.labelled("prm", task, example(), h) for h in (G3 + " <END>", WRONG_STEP_1)]
+
+    def batch_of(sols):
+        if family == "t5":
+            return reward.t5_batch(tok, sols, 40, 112, 4)
+        return reward.decoder_batch(tok, sols, 160, 4)
+
+    full = batch_of(solutions)
+    params = model.init(jax.random.key(0), jnp.asarray(full["positions"]),
+                        *((full["inputs"], full["targets"]) if family == "t5" else (full["tokens"], full["mask"])))
+    params = _perturb_params(params["params"])
+    scores = np.asarray(reward.step_log_odds(model, params, full))  # [2, 4]
+    # Reading one token off would change a score by far more than the float32 rounding allowed below.
+    assert np.abs(np.diff(scores[:, :3], axis=1)).min() > 1e-2
+    for row, sol in enumerate(solutions):
+        ends = reward.step_ends(sol.text, sol.steps)
+        for i, end in enumerate(ends):
+            prefix = reward.LabelledSolution(sol.prompt, sol.text[:end], sol.steps[:i + 1], sol.labels[:i + 1])
+            alone = np.asarray(reward.step_log_odds(model, params, batch_of([prefix])))[0, i]
+            np.testing.assert_allclose(scores[row, i], alone, rtol=1e-4, atol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------------- loss
+
+
+def test_reward_loss_by_hand():
+    log_odds = np.array([[2.0, -1.0, 5.0], [0.5, 3.0, -2.0]], np.float32)
+    batch = {"labels": np.array([[1, 0, 1], [0, 1, 0]], np.float32),
+             "label_mask": np.array([[1, 1, 0], [1, 1, 1]], np.float32)}
+    loss_sum, sums = reward_loss(lambda p, b, r: jnp.asarray(log_odds))(None, batch, None)
+    # -log sigmoid(2), -log(1 - sigmoid(-1)), (masked), -log(1 - sigmoid(0.5)), -log sigmoid(3), -log(1 - sigmoid(-2))
+    expect = sum(math.log1p(math.exp(-v)) for v in (2.0, 1.0, -0.5, 3.0, 2.0))
+    assert float(loss_sum) == pytest.approx(expect, rel=1e-6)
+    assert float(sums["tokens"]) == 5 and float(sums["accuracy_sum"]) == 4  # 0.5 for a wrong step is the miss
+
+
+def test_joint_language_modelling_term_by_hand():
+    """lm_weight x the summed token cross-entropy of the reference rows (pad ignored), added to the step loss."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 3, 5)).astype(np.float32)
+    references = np.array([[2, 4, 1], [3, 1, 0]], np.int32)
+    batch = {"labels": np.ones((2, 1), np.float32), "label_mask": np.ones((2, 1), np.float32),
+             "references": references}
+    log_odds = jnp.zeros((2, 1))
+    loss, sums = reward_loss(lambda p, b, r: log_odds, lambda p, b, r: jnp.asarray(logits), 0.5)(None, batch, None)
+    log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    ce = -sum(log_softmax[i, j, references[i, j]] for i in range(2) for j in range(3) if references[i, j])
+    assert float(sums["lm_loss_sum"]) == pytest.approx(ce, rel=1e-5)
+    assert float(loss) == pytest.approx(2 * math.log(2) + 0.5 * ce, rel=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------- 8 devices
+
+
+def _multi_device_report() -> dict:
+    from refiner_jax import sharding as shd
+    from refiner_jax.training import create_train_state, make_train_step, train_state_shardings
+
+    assert jax.device_count() == 8
+    tok = ByteTokenizer()
+    task = mwp.MWPTask()
+    hyps = [G3, WRONG_STEP_1, G3 + " <END>", "#0: add ( number0, number1 )"] * 4
+    sols = [reward.labelled(kind, task, example(), h) for kind in ("prm", "orm") for h in hyps[:8]]
+    batch = reward.t5_batch(tok, sols, 16, 112, 4)
+    report = {}
+    for head in ("token", "scalar"):
+        model = RewardModel(T5(preset("t5-tiny", vocab_size=384, num_layers=1, dropout_rate=0.0)), head,
+                            reward.label_ids(tok, ("+", "-")))
+        args = (jnp.zeros((1, 4), jnp.int32), jnp.ones((1, 16), jnp.int32), jnp.ones((1, 112), jnp.int32))
+        init = lambda k: model.init(k, *args)["params"]  # noqa: E731
+        loss = reward_loss(lambda p, b, r: reward.step_log_odds(model, p, b, r))
+        tx = optax.sgd(1.0)
+        mesh1 = shd.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+        state1, sh1 = create_train_state(init, tx, mesh1, seed=0)
+        keep = jax.device_get(state1.params)
+        state1, m1 = make_train_step(loss, tx, mesh1, sh1)(state1, batch)
+        state1, m1 = make_train_step(loss, tx, mesh1, sh1)(state1, batch)  # a second step moves the zero head too
+        for name, axes in (("data8", {"data": -1}), ("fsdp8", {"fsdp": -1}), ("dp2_fsdp2_tp2", (2, 2, 2))):
+            mesh = shd.make_mesh(axes)
+            sh = train_state_shardings(init, tx, mesh)
+            state, _ = create_train_state(init, tx, mesh, seed=0)
+            step = make_train_step(loss, tx, mesh, sh)
+            state, _ = step(state, batch)
+            state, m = step(state, batch)
+            diff = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+                       for a, b in zip(jax.tree.leaves(jax.device_get(state.params)), jax.tree.leaves(
+                           jax.device_get(state1.params))))
+            moved = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+                        for a, b in zip(jax.tree.leaves(keep), jax.tree.leaves(jax.device_get(state1.params))))
+            report[f"{head}_{name}"] = {"params_diff": diff, "moved": moved,
+                                        "loss_diff": abs(float(m["loss"]) - float(m1["loss"])),
+                                        "tokens": [float(m["tokens"]), float(m1["tokens"])]}
+    return report
+
+
+@pytest.fixture(scope="module")
+def report():
+    from _devices import run_report
+
+    return run_report(__file__, 8, timeout=600, JAX_DISABLE_MOST_OPTIMIZATIONS="1")
+
+
+@pytest.mark.parametrize("head", ["token", "scalar"])
+@pytest.mark.parametrize("mesh", ["data8", "fsdp8", "dp2_fsdp2_tp2"])
+def test_sharded_reward_step_equals_single_device(report, head, mesh):
+    r = report[f"{head}_{mesh}"]
+    assert r["moved"] > 1e-3  # the steps changed the parameters, so equality below says something
+    assert r["params_diff"] < 1e-5 * max(1.0, r["moved"]) and r["loss_diff"] < 1e-5
+    assert r["tokens"][0] == r["tokens"][1] > 0
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(_multi_device_report()))

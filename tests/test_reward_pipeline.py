@@ -1,0 +1,140 @@
+"""The reward-model pipeline end to end on a tiny model (SFT, ORM, PRM, expert iteration, selection table), its
+resumption, the expert-iteration filter against hand-labelled samples, PRM800K label files and config errors."""
+import json
+import os
+
+import pytest
+
+from refiner_jax import reward as rm
+from refiner_jax.tasks import mwp
+from refiner_jax.tasks.base import DataError
+from refiner_jax.training import config as config_lib
+from refiner_jax.training import reward as reward_pipeline
+
+
+def tiny_config():
+    c = config_lib.base_config()
+    c.pipeline = "reward"
+    c.task.options = {"synthetic_sizes": {"train": 256, "val": 32, "test": 24}}
+    c.tokenizer.vocab_size = 512
+    c.lengths.input, c.lengths.target = 48, 24
+    c.warmup.feedback_fraction = 0.0
+    for stage in (c.warmup, c.reward, c.rl):
+        stage.steps, stage.eval_every, stage.batch_size = 4, 2, 8
+        stage.optimizer.warmup_steps = 1
+    c.warmup.eval_examples = c.rl.eval_examples = 8
+    c.reward.train_problems, c.reward.val_problems, c.reward.samples, c.reward.test_samples = 24, 8, 3, 4
+    c.rl.problems, c.rl.samples, c.rl.threshold, c.rl.rounds = 24, 3, 0.0, 2
+    c.rl.rewards = ("orm", "prm")  # a 4-step policy solves nothing, so the final-answer reward would keep nothing
+    c.eval.examples, c.eval.batch_size, c.eval.bootstrap_samples = 24, 16, 50
+    c.checkpoint.every = 2
+    c.log_every = 2
+    return c
+
+
+def test_reward_pipeline_end_to_end_and_resume(tmp_path, capsys):
+    c = tiny_config()
+    workdir = str(tmp_path / "run")
+    results = reward_pipeline.run(c, workdir)
+    for stage in ("sft", "orm", "prm", "rl_orm_1", "rl_orm_2", "rl_prm_2", "eval"):
+        assert os.path.exists(os.path.join(workdir, stage, "DONE")), stage
+    for kind in ("orm", "prm"):
+        assert 0.0 <= results[kind]["paired_auroc"] <= 1.0 and 0.0 <= results[kind]["step_accuracy"] <= 1.0
+        meta = json.load(open(os.path.join(workdir, kind, "export", "metadata.json")))
+        assert meta["kind"] == kind and meta["head"] == "token" and meta["family"] == "t5"
+    table = json.load(open(os.path.join(workdir, "results.json")))["table"]
+    assert set(table) == {"SFT greedy", "SFT majority vote (K=4)", "ORM rerank (K=4)", "PRM rerank (K=4)",
+                          "ORM-weighted vote (K=4)", "PRM-weighted vote (K=4)", "SFT log-prob rerank (K=4)",
+                          "ORM-RL greedy", "PRM-RL greedy"}
+    for row in table.values():
+        assert 0.0 <= row["final_answer_error"]["mean"] <= 1.0
+        cell = row["final_answer_error"]
+        assert cell["low"] <= cell["mean"] <= cell["high"]
+    md = open(os.path.join(workdir, "results.md")).read()
+    assert "| PRM rerank (K=4) |" in md and "Error at 30% abstention" in md
+    assert os.path.getsize(os.path.join(workdir, "abstention.png")) > 1000
+    samples = json.load(open(os.path.join(workdir, "samples", "sft_test.json")))
+    assert samples["k"] == 4 and len(samples["samples"]) == 24 and all(len(s) == 4 for s in samples["samples"])
+    # Threshold 0 keeps every distinct non-empty sample of the round.
+    kept = json.load(open(os.path.join(workdir, "rl_orm_1", "kept.json")))
+    drawn = json.load(open(os.path.join(workdir, "samples", "rl_orm_1.json")))["samples"]
+    assert kept["kept"] == sum(len({h for h in hs if h.strip()}) for hs in drawn)
+    # A second run retrains nothing and draws no new samples.
+    capsys.readouterr()
+    again = reward_pipeline.run(c, workdir)
+    out = capsys.readouterr().out
+    assert "[samples]" not in out and again["orm"] == results["orm"]
+    # Final-answer expert iteration on that policy keeps no sample: a clear error before any training.
+    c.rl.rewards = ("final",)
+    with pytest.raises(config_lib.ConfigError, match=r"kept 0 of 72 samples.*config.rl.threshold"):
+        reward_pipeline.run(c, workdir, stages=("rl",))
+
+
+def test_expert_iteration_keeps_what_the_final_answer_reward_accepts(tmp_path):
+    """The "final" filter against hand-labelled samples: right answers kept once each, wrong and empty ones not."""
+    task = mwp.MWPTask()
+    gold = "#0: add ( number0, number1 ) | #1: multiply ( #0, number2 )"
+    ex = mwp_example(gold)
+    run = reward_pipeline.Run.__new__(reward_pipeline.Run)  # the filter needs only the task
+    run.task, run.config = task, None
+    samples = [[gold, "#0: add ( number1, number0 ) | #1: multiply ( number2, #0 )", gold,
+                "#0: add ( number0, number2 )", ""]]
+    kept = run.keep("final", [ex], samples)
+    assert kept == [(ex.x, gold), (ex.x, "#0: add ( number1, number0 ) | #1: multiply ( number2, #0 )")]
+
+
+def mwp_example(z):
+    from refiner_jax.tasks.base import Example
+
+    numbers = (1.0, 2.0, 3.0)
+    value = mwp.execute(z, numbers)
+    return Example("u", "a problem", z, repr(value), {"numbers": list(numbers), "answer": value})
+
+
+def test_prm_trains_on_a_label_file_and_a_bad_file_names_its_line(tmp_path):
+    good = {"question": {"problem": "What is 2 + 3 * 4?"},
+            "label": {"finish_reason": "found_error", "steps": [
+                {"completions": [{"text": "3 * 4 = 12", "rating": 1}], "chosen_completion": 0},
+                {"completions": [{"text": "2 + 12 = 15", "rating": -1}], "chosen_completion": None}]}}
+    path = tmp_path / "labels.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps(good) + "\n")
+    from refiner_jax.tasks.prm800k import read_prm800k
+
+    record = read_prm800k(str(path))[0]
+    solution = rm.LabelledSolution(record.question, record.text, record.steps, record.labels)
+    assert solution.labels == (True, False) and rm.step_ends(solution.text, solution.steps) == [10, 22]
+    bad = dict(good, label={"steps": [{"completions": [{"text": "x", "rating": 5}], "chosen_completion": 0}]})
+    path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(DataError, match=":2:"):
+        read_prm800k(str(path))
+    c = tiny_config()
+    c.reward.labels_file = str(path)
+    with pytest.raises(DataError, match=":2:"):
+        reward_pipeline.run(c, str(tmp_path / "run"), stages=("sft", "prm"))
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("pipeline", "rlhf", "config.pipeline: 'rlhf' is not a pipeline"),
+    ("reward.head", "mlp", "config.reward.head: 'mlp' is not a reward head"),
+    ("reward.label_tokens", ("+", "+"), "config.reward.label_tokens: needs two different strings"),
+    ("reward.neutral", "maybe", "config.reward.neutral"),
+    ("reward.prm_reduction", "mean", "config.reward.prm_reduction"),
+    ("reward.temperature", 0.0, "config.reward.temperature: must be > 0"),
+    ("rl.rewards", ("final", "human"), "config.rl.rewards"),
+    ("rl.threshold", 1.5, "config.rl.threshold"),
+    ("reward.steps", 10, "config.reward.steps: 10 must exceed reward.optimizer.warmup_steps"),
+])
+def test_reward_config_errors_name_the_field(tmp_path, field, value, message):
+    c = config_lib.base_config()
+    section, _, name = field.rpartition(".")
+    (c[section] if section else c)[name] = value
+    with pytest.raises(config_lib.ConfigError, match=message):
+        reward_pipeline.run(c, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_label_tokens_must_be_single_tokens(tmp_path):
+    c = tiny_config()
+    c.reward.label_tokens = ("definitely correct", "-")
+    with pytest.raises(ValueError, match="label_tokens"):
+        reward_pipeline.run(c, str(tmp_path / "run"), stages=("sft",))
