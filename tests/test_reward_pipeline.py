@@ -2,6 +2,7 @@
 resumption, the expert-iteration filter against hand-labelled samples, PRM800K label files and config errors."""
 import json
 import os
+import shutil
 
 import pytest
 
@@ -25,6 +26,7 @@ def tiny_config():
     c.warmup.eval_examples = c.rl.eval_examples = 8
     c.reward.train_problems, c.reward.val_problems, c.reward.samples, c.reward.test_samples = 24, 8, 3, 4
     c.rl.problems, c.rl.samples, c.rl.threshold, c.rl.rounds = 24, 3, 0.0, 2
+    c.reward.mixed_only = False  # a 4-step policy is wrong on every sample: no problem has both kinds
     c.rl.rewards = ("orm", "prm")  # a 4-step policy solves nothing, so the final-answer reward would keep nothing
     c.eval.examples, c.eval.batch_size, c.eval.bootstrap_samples = 24, 16, 50
     c.checkpoint.every = 2
@@ -64,7 +66,15 @@ def test_reward_pipeline_end_to_end_and_resume(tmp_path, capsys):
     again = reward_pipeline.run(c, workdir)
     out = capsys.readouterr().out
     assert "[samples]" not in out and again["orm"] == results["orm"]
-    # Final-answer expert iteration on that policy keeps no sample: a clear error before any training.
+    # On that policy no problem has both right and wrong samples: mixed_only says so before training a model ...
+    other = str(tmp_path / "other")
+    for part in ("sft", "samples", "tokenizer", "config.json"):
+        (shutil.copytree if os.path.isdir(os.path.join(workdir, part)) else shutil.copy)(
+            os.path.join(workdir, part), os.path.join(other, part))
+    c.reward.mixed_only = True
+    with pytest.raises(config_lib.ConfigError, match="config.reward.mixed_only: only 0 samples"):
+        reward_pipeline.run(c, other, stages=("orm",))
+    # ... and final-answer expert iteration keeps no sample: a clear error before any training.
     c.rl.rewards = ("final",)
     with pytest.raises(config_lib.ConfigError, match=r"kept 0 of 72 samples.*config.rl.threshold"):
         reward_pipeline.run(c, workdir, stages=("rl",))
@@ -81,6 +91,14 @@ def test_expert_iteration_keeps_what_the_final_answer_reward_accepts(tmp_path):
                 "#0: add ( number0, number2 )", ""]]
     kept = run.keep("final", [ex], samples)
     assert kept == [(ex.x, gold), (ex.x, "#0: add ( number1, number0 ) | #1: multiply ( number2, #0 )")]
+
+
+def test_mixed_problems_keeps_the_problems_with_right_and_wrong_samples():
+    def solution(last):
+        return rm.LabelledSolution("x", "t", ("t",), (last,))
+
+    data = [solution(True), solution(False), solution(True), solution(True), solution(False), solution(False)]
+    assert reward_pipeline.mixed_problems(data, 2) == data[:2]  # problems (T, F), (T, T), (F, F)
 
 
 def mwp_example(z):

@@ -109,7 +109,7 @@ def base_config() -> ml_collections.ConfigDict:
         "samples": 8, "train_problems": 2000, "val_problems": 200, "temperature": 0.7, "top_p": 1.0,
         "head": "token", "label_tokens": ("+", "-"), "max_steps": 8, "labels_file": "", "neutral": "positive",
         "steps": 600, "batch_size": 64, "microbatches": 1, "optimizer": _optimizer(1e-3), "eval_every": 200,
-        "patience": 2, "mixed_only": False, "fresh_problems": False, "lm_weight": 0.0, "test_samples": 16,
+        "patience": 2, "mixed_only": True, "fresh_problems": False, "lm_weight": 0.0, "test_samples": 16,
         "prm_reduction": "min", "abstention": 0.3, "sample_rows": 1024, "critic_workdir": ""})
     # Expert iteration (reward pipeline): for each reward of `rewards` ("final": the answer is right, "orm" / "prm":
     # that reward model's score >= `threshold`), `rounds` times: sample `samples` solutions of each of `problems`

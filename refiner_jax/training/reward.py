@@ -146,6 +146,11 @@ class Run:
             data = self.reward_data(kind, self.train, train_samples)
             if r.mixed_only:
                 data = mixed_problems(data, r.samples)
+                if len(data) < r.batch_size:
+                    raise config_lib.ConfigError(
+                        f"config.reward.mixed_only: only {len(data)} samples come from problems with both right and "
+                        f"wrong samples, fewer than config.reward.batch_size {r.batch_size}; draw more "
+                        "(config.reward.samples, train_problems), train the policy longer, or set mixed_only=False")
         val_samples = self.samples("sft", "sft_val", self.val, r.samples, self.config.seed + 1)
         module = self.module()
         d_model = self.s.model_config.d_model
@@ -290,6 +295,9 @@ class Run:
             "prm": {"paired_auroc_all_steps": paired_auroc(prm_scores.ravel(), ~steps_ok.ravel(), groups),
                     "paired_auroc_final_answer": paired_auroc(prm_scores.ravel(), ~correct.ravel(), groups),
                     "auroc_all_steps": error_auroc(prm_scores.ravel(), ~steps_ok.ravel())},
+            "baselines": {"policy_log_prob_paired_auroc": paired_auroc(log_probs.ravel(), ~correct.ravel(), groups),
+                          "vote_share_paired_auroc": paired_auroc(_vote_shares(answers).ravel(), ~correct.ravel(),
+                                                                  groups)},
             "samples": {"k": k, "any_right": float(correct.any(axis=1).mean()),
                         "right": float(correct.mean()), "all_steps_right": float(steps_ok.mean())},
         }
@@ -300,8 +308,8 @@ class Run:
         if shd.is_main_process():
             rerank.plot_abstention(curves, os.path.join(self.workdir, "abstention.png"))
             lines = [f"# {task.name}: outcome- vs process-based feedback\n", rerank.markdown_table(table),
-                     "\nReward models on the SFT policy's test samples (paired AUROC: within a problem, right vs "
-                     "wrong samples):\n"]
+                     "\nReward models and two baselines on the SFT policy's test samples (paired AUROC: within a "
+                     "problem, right vs wrong samples):\n"]
             lines += [f"- {name}: " + ", ".join(f"{key} {100 * v:.1f}" for key, v in q.items()
                                                  if isinstance(v, float))
                       for name, q in quality.items()]
@@ -321,6 +329,15 @@ def mixed_problems(data: Sequence[rm.LabelledSolution], k: int) -> list[rm.Label
         group = data[start:start + k]
         if len({bool(s.labels) and s.labels[-1] for s in group}) > 1:
             out += group
+    return out
+
+
+def _vote_shares(answers: list[list]) -> np.ndarray:
+    """[n, K] the share of its problem's samples that reach each sample's answer (0 without an answer)."""
+    out = np.zeros((len(answers), len(answers[0]) if answers else 0))
+    for i, row in enumerate(answers):
+        for j, a in enumerate(row):
+            out[i, j] = 0.0 if a is None else sum(b == a for b in row) / len(row)
     return out
 
 
