@@ -21,7 +21,7 @@ import sys
 from typing import Any, Callable, Iterable, Sequence
 
 from refiner_jax import evaluate, refine
-from refiner_jax.tasks.base import (DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, as_task_question,
+from refiner_jax.tasks.base import (DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, as_task_question, json_objects,
                                     gold_fields_read, is_no_hint)
 
 
@@ -38,17 +38,8 @@ _RECORD_HELP = ('one JSON object per line: {"question": "<problem text>", "hypot
 def read_records(lines: Iterable[str], source: str = "<input>") -> list[dict]:
     """Parses and checks JSONL records (blank lines skipped); raises CriticInputError naming the line."""
     records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{source}, line {number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise CriticInputError(f"{where}: not valid JSON ({e.msg} at column {e.colno}); expected "
-                                   f"{_RECORD_HELP}") from e
-        if not isinstance(record, dict):
-            raise CriticInputError(f"{where}: got a JSON {type(record).__name__}; expected {_RECORD_HELP}")
+    for number, record in json_objects(lines, source, _RECORD_HELP, CriticInputError):
+        where = f"{source}:{number}"
         for key in ("question", "hypothesis"):
             if key not in record:
                 raise CriticInputError(f"{where}: missing \"{key}\" (keys: {sorted(record)}); expected {_RECORD_HELP}")
@@ -78,7 +69,7 @@ def records_to_examples(records: Sequence[dict], task: Task, source: str = "<inp
     examples = []
     for i, r in enumerate(records):
         if "y" in needed and not r.get("y"):
-            raise CriticInputError(f"{source}, line {r.get('_line', i + 1)}: task {task.name!r}'s critic reads the "
+            raise CriticInputError(f"{source}:{r.get('_line', i + 1)}: task {task.name!r}'s critic reads the "
                                    "gold answer; add it as \"y\" to every record")
         examples.append(Example(uid=str(r.get("id", f"line-{r.get('_line', i + 1)}")),
                                 x=as_task_question(task, r["question"]), z="",
@@ -163,18 +154,12 @@ def read_demonstrations(path: str) -> list[Demonstration]:
         raise CriticInputError(f"{path}: demonstrations file not found; expected one JSON object per line with "
                                "string fields question, hypothesis, feedback and revision")
     out = []
+    fields = [fld.name for fld in dataclasses.fields(Demonstration)]
+    expected = f"a JSON object with string fields {fields}"
     with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise CriticInputError(f"{path}, line {number}: not valid JSON ({e.msg})") from e
-            fields = [fld.name for fld in dataclasses.fields(Demonstration)]
-            if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in fields):
-                raise CriticInputError(f"{path}, line {number}: expected a JSON object with string fields "
-                                       f"{fields}")
+        for number, record in json_objects(f, path, expected, CriticInputError):
+            if not all(isinstance(record.get(k), str) for k in fields):
+                raise CriticInputError(f"{path}:{number}: expected {expected}")
             out.append(Demonstration(**{k: record[k] for k in fields}))
     return out
 

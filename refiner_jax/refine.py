@@ -3,7 +3,7 @@
     z_0 = G(x)                                   greedy
     for t = 1..T:  f_t = critic(x, z_{t-1});  stop where f_t is "No hint";  z_t = G(template(x, z_{t-1}, f_t))
 
-`TextModel` wraps a T5 and its tokenizer as a batched text -> text function (prompts padded to fixed batch and
+`TextModel` wraps a language model (T5 or decoder-only) and its tokenizer as a batched text -> text function (prompts padded to fixed batch and
 length buckets so the jitted sampler compiles a handful of times per run). Critics (`ModelCritic`, `SolverCritic`,
 `OracleCritic`, `NoisyCritic`, `HumanCritic`, `CallableCritic`) all map (examples, hypotheses) to feedback strings;
 trained ones also give a `confidence` that each hypothesis is right.
@@ -25,7 +25,9 @@ from jax.sharding import Mesh
 
 from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax import sampling
-from refiner_jax.models.t5 import PAD_ID, T5, T5Config, shift_right
+from refiner_jax.models.base import LanguageModel, config_from_dict
+from refiner_jax.models.decoder import DecoderConfig
+from refiner_jax.models.t5 import T5Config
 from refiner_jax.tasks.base import (DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, as_task_question,
                                     gold_fields_read, is_no_hint, refine_input)
 from refiner_jax.tokenizers import Tokenizer, load_tokenizer
@@ -36,16 +38,17 @@ CALIBRATION_FILE = "calibration.json"  # beside a trained critic's export: its c
 
 @dataclasses.dataclass
 class TextModel:
-    """A T5 with its tokenizer as a batched text -> text function.
+    """A language model of either family (`models.base.LanguageModel`) with its tokenizer as a batched text -> text
+    function.
 
     `max_input` / `max_output` are token budgets; prompts are padded to multiples of `bucket` tokens and to
     `batch_size` rows, so a stream of batches reuses a few compiled shapes. With a `mesh`, each batch's prompts are
-    split over its devices, one decode loop per device (`sampling.sample_t5`; rows padded to a multiple of the
+    split over its devices, one decode loop per device (`sampling.sample_t5`, `sample_decoder`; rows padded to a multiple of the
     device count), instead of one loop on the default device; a mesh over several processes needs every process
     to generate the same texts together.
     """
 
-    config: T5Config
+    config: T5Config | DecoderConfig
     params: Any
     tokenizer: Tokenizer
     max_input: int
@@ -78,9 +81,9 @@ class TextModel:
             chunk = list(texts[start:start + self.batch_size])
             rows = chunk + [""] * (padded - len(chunk))
             prompts = self.tokenizer.encode_batch(rows, self.max_input, pad_to=self.bucket)
-            result = sampling.sample_t5(self.params, prompts, jax.random.fold_in(rng, start), config=self.config,
-                                        num_samples=num_samples, max_new_tokens=self.max_output,
-                                        temperature=temperature, top_p=top_p, mesh=self.mesh)
+            result = LanguageModel(self.config).sample(
+                self.params, prompts, jax.random.fold_in(rng, start), num_samples=num_samples,
+                max_new_tokens=self.max_output, temperature=temperature, top_p=top_p, mesh=self.mesh)
             tokens = _to_host(result.tokens)  # [batch, k, len]
             for i in range(len(chunk)):
                 out.append(self.tokenizer.decode_batch(tokens[i]))
@@ -97,10 +100,11 @@ class TextModel:
             chunk = slice(start, start + self.batch_size)
             n = len(texts[chunk])
             pad = [""] * (self.batch_size - n)
-            inputs = self.tokenizer.encode_batch(list(texts[chunk]) + pad, self.max_input, pad_to=self.bucket)
-            outputs = self.tokenizer.encode_batch(list(targets[chunk]) + pad, self.max_output,
-                                                  pad_to=self.max_output)
-            out.append(np.asarray(_sequence_log_probs(self.params, inputs, outputs, config=self.config))[:n])
+            batch = LanguageModel(self.config).pair_batch(
+                [self.tokenizer.encode(t) for t in list(texts[chunk]) + pad],
+                [self.tokenizer.encode(t) for t in list(targets[chunk]) + pad], self.max_input, self.max_output,
+                self.tokenizer.eos_id)
+            out.append(np.asarray(_sequence_log_probs(self.params, batch, config=self.config))[:n])
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 
@@ -110,10 +114,11 @@ def _to_host(x: jax.Array) -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def _sequence_log_probs(params, inputs, targets, *, config: T5Config):
-    logits = T5(config).apply({"params": params}, inputs, shift_right(targets))  # [batch, len, vocab]
+def _sequence_log_probs(params, batch, *, config: T5Config | DecoderConfig):
+    lm = LanguageModel(config)
+    logits, targets, weights = lm.target_logits(lm.module(), params, batch)  # [batch, len, vocab]
     token = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
-    return jnp.sum(jnp.where(targets != PAD_ID, token, 0.0), axis=-1)  # [batch]
+    return jnp.sum(jnp.where(weights > 0, token, 0.0), axis=-1)  # [batch]
 
 
 def load_text_model(stage_dir: str, tokenizer: Tokenizer, max_input: int, max_output: int, bucket: int = 16,
@@ -125,7 +130,7 @@ def load_text_model(stage_dir: str, tokenizer: Tokenizer, max_input: int, max_ou
         raise FileNotFoundError(f"{export} does not exist: train the stage first "
                                 "(python launch/train.py --config=... --workdir=...)")
     params, metadata = ckpt_lib.load_params(export)
-    config = T5Config(**metadata["model_config"])
+    config = config_from_dict(metadata.get("family", "t5"), metadata["model_config"])
     return TextModel(config, params, tokenizer, max_input, max_output, bucket, batch_size, mesh)
 
 

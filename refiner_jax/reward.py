@@ -131,9 +131,10 @@ def t5_batch(tokenizer: Tokenizer, solutions: Sequence[LabelledSolution], input_
 
 def decoder_batch(tokenizer: Tokenizer, solutions: Sequence[LabelledSolution], length: int,
                   max_steps: int) -> dict[str, np.ndarray]:
-    """A decoder-LM reward-model batch: `tokens` [b, length] = prompt ids then solution ids, right-padded, with
-    `mask` [b, length] at real tokens; a step ending at solution token j is read at len(prompt) + j."""
-    prompts = [tokenizer.encode(s.prompt, add_eos=False) for s in solutions]
+    """A decoder-LM reward-model batch: `tokens` [b, length] = prompt ids and EOS (as the decoder policy reads its
+    prompts, `models.base.LanguageModel.pair_batch`), then solution ids, right-padded, with `mask` [b, length] at
+    real tokens; a step ending at solution token j is read at len(prompt) + 1 + j."""
+    prompts = [tokenizer.encode(s.prompt) for s in solutions]
     rows = [(p + ids, [len(p) + t for t in last])
             for p, (ids, last) in zip(prompts, (encode_solution(tokenizer, s.text, s.steps) for s in solutions))]
     batch = _steps_batch(rows, [s.labels for s in solutions], length, max_steps, [0] * len(rows),

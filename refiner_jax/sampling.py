@@ -34,6 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from refiner_jax import sharding as shd
+
 Cache = Any
 # (tokens [n] int32, index scalar int32, cache) -> (logits [n, vocab], cache)
 TokensToLogits = Callable[[jax.Array, jax.Array, Cache], tuple[jax.Array, Cache]]
@@ -512,28 +514,12 @@ def split_rows(fn: Callable, mesh: Mesh, rows: Sequence[bool], rng_arg: int | No
 def replicate(params, mesh: Mesh):
     """`params` replicated over `mesh`'s devices, as `sample_t5(..., mesh=mesh)` takes them without a copy per
     call."""
-    return _place(params, NamedSharding(mesh, P()))
+    return jax.tree.map(lambda x: shd.place(x, NamedSharding(mesh, P())), params)
 
 
 def place_rows(tree, mesh: Mesh):
     """`tree`'s arrays split along their leading axis over all of `mesh`'s axes (a sampler's prompts)."""
-    return _place(tree, NamedSharding(mesh, P(mesh.axis_names)))
-
-
-def _place(tree, sharding: NamedSharding):
-    """`tree`'s arrays placed with `sharding`. With several processes, each passes the same values: an array
-    already split over the processes is left to the jitted programs to reshard, and a process-local one becomes a
-    global array built from this process's copy."""
-    if jax.process_count() == 1:
-        return jax.device_put(tree, sharding)
-
-    def place(x):
-        if isinstance(x, jax.Array) and not x.is_fully_addressable:
-            return x
-        value = np.asarray(x)
-        return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
-
-    return jax.tree.map(place, tree)
+    return jax.tree.map(lambda x: shd.place(x, NamedSharding(mesh, P(mesh.axis_names))), tree)
 
 
 # ----------------------------------------------------------------------------------------------------------------

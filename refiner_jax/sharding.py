@@ -192,6 +192,18 @@ def param_shardings(abstract_boxed: Any, mesh: Mesh, rules: Rules = DEFAULT_RULE
     return jax.tree.map(one, abstract_boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
 
 
+def place(x: Any, sharding: NamedSharding, dtype: Any = None) -> jax.Array:
+    """`x` (a host value, a single-device array or a global one) as a global array with `sharding` (and `dtype`).
+    Each process passes the same value and fills only its own devices' shards from it, so this also works where the
+    sharding spans other hosts' devices; an array already split over the processes is returned as it is."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return x
+    if jax.process_count() == 1:
+        return jax.device_put(x if dtype is None else np.asarray(x, dtype), sharding)
+    value = np.asarray(x, dtype)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+
 def without_mesh_axis(rules: Rules, axis: str) -> tuple[tuple[str, Any], ...]:
     """``rules`` with mesh axis ``axis`` dropped from every entry: the rules inside a ``shard_map`` that is manual
     over ``axis``, whose arrays are already split along it."""

@@ -54,10 +54,10 @@ def test_round_trip(tmp_path, mwp):
 
 
 @pytest.mark.parametrize("line, expected", [
-    ('{"question": "q", "hypothesis": "h"', r"line 2: not valid JSON"),
-    ('["question", "hypothesis"]', r"line 2: got a JSON list"),
-    ('{"question": "q"}', r"line 2: missing \"hypothesis\""),
-    ('{"question": 3, "hypothesis": "h"}', r"line 2: \"question\" must be a string, got int"),
+    ('{"question": "q", "hypothesis": "h"', r":2: not valid JSON"),
+    ('["question", "hypothesis"]', r":2: got a JSON list"),
+    ('{"question": "q"}', r":2: missing \"hypothesis\""),
+    ('{"question": 3, "hypothesis": "h"}', r":2: \"question\" must be a string, got int"),
 ])
 def test_malformed_lines_name_line_and_format(tmp_path, mwp, line, expected):
     src = tmp_path / "in.jsonl"
@@ -73,7 +73,7 @@ def test_gold_fields_of_the_critic_inputs():
     assert critic_tool.gold_fields_read(get_task("snlr")) == set()
     moral = get_task("moral_stories")  # its critic reads the gold moral action y
     assert critic_tool.gold_fields_read(moral) == {"y"}
-    with pytest.raises(critic_tool.CriticInputError, match=r"line 1: .*add it as \"y\""):
+    with pytest.raises(critic_tool.CriticInputError, match=r":1: .*add it as \"y\""):
         critic_tool.records_to_examples([{"question": "q", "hypothesis": "h", "_line": 1}], moral)
     [ex] = critic_tool.records_to_examples([{"question": "q", "hypothesis": "h", "y": "act", "_line": 1}], moral)
     assert (ex.x, ex.z, ex.y) == ("q", "", "act")
@@ -115,7 +115,7 @@ def test_custom_demonstrations(tmp_path):
         "Question: Q\nAnswer: H\nFeedback: F\nRevised answer: R\n\nQuestion: q\nAnswer: h\nFeedback: f\n"
         "Revised answer:")
     _write(demos, [json.dumps({"question": "Q", "hypothesis": "H"})])
-    with pytest.raises(critic_tool.CriticInputError, match="line 1: expected a JSON object with string fields"):
+    with pytest.raises(critic_tool.CriticInputError, match=":1: expected a JSON object with string fields"):
         critic_tool.read_demonstrations(str(demos))
     with pytest.raises(critic_tool.CriticInputError, match="missing.jsonl: demonstrations file not found"):
         critic_tool.read_demonstrations(str(tmp_path / "missing.jsonl"))
@@ -294,6 +294,6 @@ def test_run_tool_checks_every_record_before_writing(tmp_path):
     _write(src, [json.dumps({"question": "s", "hypothesis": "h", "y": "a"}),
                  json.dumps({"question": "s", "hypothesis": "h"})])
     dst.write_text("earlier results\n")
-    with pytest.raises(critic_tool.CriticInputError, match="line 2: task 'moral_stories'"):
+    with pytest.raises(critic_tool.CriticInputError, match=":2: task 'moral_stories'"):
         critic_tool.run_tool(RecordingCritic(moral), moral, str(src), str(dst))
     assert dst.read_text() == "earlier results\n"

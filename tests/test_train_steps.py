@@ -319,6 +319,29 @@ def _multi_device_report() -> dict:
     compare("dp2_fsdp2_tp2_microbatch4", jax.device_put(keep, sh222),
             make_train_step(loss_fn, tx, mesh222, sh222, num_microbatches=4))
 
+    # The decoder-only LM's pair loss (prompt + target in one sequence, loss on the target): one device, pure data
+    # parallelism and FSDP from the same initial state.
+    from refiner_jax.models.base import LanguageModel
+    from refiner_jax.models.decoder import preset as decoder_preset
+    from refiner_jax.training.steps import pair_loss
+
+    dlm = LanguageModel(decoder_preset("llama-tiny", vocab_size=384, num_layers=1))
+    dmodel = dlm.module()
+    dinit = lambda k: dmodel.init(k, jnp.ones((2, 22), jnp.int32))["params"]  # noqa: E731
+    dbatch = dlm.pair_batch([[int(t) for t in r if t] for r in batch["inputs"]],
+                            [[int(t) for t in r if t] for r in batch["targets"]], 12, 10, 1)
+    dloss = pair_loss(dlm, dmodel)
+    dstate1, dsh1 = create_train_state(dinit, tx, mesh1, seed=0)
+    dparams0 = jax.device_get(dstate1.params)
+    dstate1, dm1 = make_train_step(dloss, tx, mesh1, dsh1)(dstate1, dbatch)
+    for name, mesh in (("decoder_data8", mesh_d8), ("decoder_fsdp8", mesh8)):
+        state, _ = create_train_state(dinit, tx, mesh, seed=0)
+        state, m = make_train_step(dloss, tx, mesh, train_state_shardings(dinit, tx, mesh))(state, dbatch)
+        report[name] = dict(params_diff=_max_diff(jax.device_get(state.params), jax.device_get(dstate1.params)),
+                            moved=_max_diff(dparams0, jax.device_get(dstate1.params)),
+                            loss_diff=abs(float(m["loss"]) - float(dm1["loss"])),
+                            tokens=[float(m["tokens"]), float(dm1["tokens"]), float(dbatch["weights"].sum())])
+
     # Eval sums: equal to the training loss; 8 all-pad rows appended (a padded last batch) change nothing.
     eval_step = make_eval_step(loss_fn, mesh1, sh1.params)
     sums = eval_step(keep.params, batch)
@@ -333,6 +356,13 @@ def _multi_device_report() -> dict:
 @pytest.fixture(scope="module")
 def report():
     return run_report(__file__, 8, timeout=600, JAX_DISABLE_MOST_OPTIMIZATIONS="1")
+
+
+@pytest.mark.parametrize("name", ["decoder_data8", "decoder_fsdp8"])
+def test_sharded_decoder_step_equals_single_device_step(report, name):
+    r = report[name]
+    assert r["moved"] > 1e-3 and r["params_diff"] < 1e-5 and r["loss_diff"] < 1e-5
+    assert r["tokens"][0] == r["tokens"][1] == r["tokens"][2] > 0  # the target tokens only
 
 
 def test_born_sharded_init_equals_single_device_init(report):

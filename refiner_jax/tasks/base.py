@@ -8,11 +8,12 @@ predictions. Everything here is pure Python/numpy so tasks run on any machine, w
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pathlib
 import random
 import re
-from typing import Any, Hashable, Mapping, Protocol, Sequence
+from typing import Any, Hashable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 NO_HINT = "No hint"
 
@@ -107,6 +108,22 @@ class Task(Protocol):
 
     def score(self, predictions: Sequence[str], examples: Sequence[Example]) -> dict[str, float]:
         """Task metrics of predicted hypotheses against the examples' gold ones (per-example means)."""
+
+
+def json_objects(lines: Iterable[str], source: str, expected: str,
+                 error: type[Exception] = DataError) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSON-lines text (`lines`: an open file, stdin, a list).
+    A line that is not a JSON object raises `error` naming `source`, the line and what was `expected`."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise error(f"{source}:{number}: not valid JSON ({e.msg} at column {e.colno}); expected {expected}") from None
+        if not isinstance(row, dict):
+            raise error(f"{source}:{number}: got a JSON {type(row).__name__}; expected {expected}")
+        yield number, row
 
 
 def refine_input(x: str, hypothesis: str, feedback: str, template: str = DEFAULT_REFINE_TEMPLATE) -> str:

@@ -44,14 +44,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import pathlib
 import random
 import re
 from fractions import Fraction
 from typing import Sequence
 
-from refiner_jax.tasks.base import NO_HINT, DataError, Example, Feedback, StepError, shared_data_dir
+from refiner_jax.tasks.base import (NO_HINT, DataError, Example, Feedback, StepError, json_objects,
+                                    shared_data_dir)
 
 SPLIT_FILES = {"train": "train.jsonl", "val": "train.jsonl", "test": "test.jsonl"}
 
@@ -468,14 +468,8 @@ def read_jsonl(path: pathlib.Path) -> list[dict]:
                         "(pass data_dir= or set REFINER_DATA)")
     rows = []
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg}); expected one object per line") from None
-            if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("question", "answer")):
+        for lineno, row in json_objects(f, str(path), "one object per line with 'question' and 'answer'"):
+            if not all(isinstance(row.get(k), str) for k in ("question", "answer")):
                 raise DataError(f"{path}:{lineno}: expected an object with string fields 'question' and 'answer'")
             if extract_answer(row["answer"], strict=True) is None:
                 raise DataError(f"{path}:{lineno}: the 'answer' has no final '#### <number>' line")

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import json
 import pathlib
 
-from refiner_jax.tasks.base import DataError
+from refiner_jax.tasks.base import DataError, json_objects
 
 NEUTRAL_MODES = ("positive", "negative", "skip")
 RATINGS = (-1, 0, 1)
@@ -113,28 +112,20 @@ def read_prm800k(path, neutral: str = "positive", skip_quality_control: bool = T
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
+            for lineno, row in json_objects(f, str(path), "an object with 'question' and 'label' (PRM800K)"):
                 if max_records is not None and len(records) >= max_records:
                     break
-                if line.strip():
-                    where, uid = f"{path}:{lineno}", f"{stem}:{lineno}"
-                    record = _read_line(line, where, uid, neutral, skip_quality_control)
-                    if record is not None:
-                        records.append(record)
+                record = _read_row(row, f"{path}:{lineno}", f"{stem}:{lineno}", neutral, skip_quality_control)
+                if record is not None:
+                    records.append(record)
     except (OSError, EOFError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: not a readable UTF-8 JSON lines file ({e}); "
                         "expected .jsonl or gzipped .jsonl.gz") from e
     return records
 
 
-def _read_line(line: str, where: str, uid: str, neutral: str, skip_quality_control: bool) -> LabelledSolution | None:
+def _read_row(row: dict, where: str, uid: str, neutral: str, skip_quality_control: bool) -> LabelledSolution | None:
     """One line's solution; None for a skipped line (quality control, screening) or a solution with no steps."""
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{where}: not valid JSON ({e.msg}); expected one object per line") from None
-    if not isinstance(row, dict):
-        raise DataError(f"{where}: expected an object with 'question' and 'label'")
     if skip_quality_control and (row.get("is_quality_control_question") or row.get("is_initial_screening_question")):
         return None
     question, label = row.get("question"), row.get("label")

@@ -11,6 +11,8 @@ import ml_collections
 
 from refiner_jax import sharding as shd
 from refiner_jax.models.t5 import HUB_NAMES, PRESETS
+from refiner_jax.models.base import FAMILIES
+from refiner_jax.models.decoder import PRESETS as DECODER_PRESETS
 from refiner_jax.models.reward import HEADS
 from refiner_jax.refine import CRITIC_MODES
 from refiner_jax.rerank import REDUCTIONS
@@ -51,7 +53,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.tokenizer = ml_collections.ConfigDict({"kind": "subword", "vocab_size": 1024, "path": "",
                                              "split_punctuation": False})
     # `preset` names the architecture; `checkpoint` (a transformers T5 directory or hub name) imports weights.
-    c.model = ml_collections.ConfigDict({"preset": "t5-tiny", "checkpoint": "", "dropout_rate": 0.1,
+    # `family` "decoder" makes every model of the run a decoder-only LM (`models.decoder`: presets gpt2-tiny,
+    # llama-tiny, gpt2, qwen2.5-0.5b; a checkpoint is a transformers GPT-2 / Llama / Qwen2 / Mistral directory).
+    c.model = ml_collections.ConfigDict({"family": "t5", "preset": "t5-tiny", "checkpoint": "", "dropout_rate": 0.1,
                                          "dtype": "float32", "param_dtype": "float32", "remat": False})
     # Token budgets: texts are truncated to them and batches padded to them (fixed shapes compile once). The
     # oracle's feedback on a generator's hypothesis can name several errors: up to 29 tokens on the synthetic MWP.
@@ -167,7 +171,13 @@ def validate(c: ml_collections.ConfigDict) -> None:
          "an hf tokenizer needs a directory or hub name in tokenizer.path")
     need(c.tokenizer.kind != "subword" or c.tokenizer.vocab_size >= 300, "tokenizer.vocab_size",
          f"{c.tokenizer.vocab_size} is too small for a subword vocabulary (bytes alone need 259); use >= 300")
-    need(c.model.preset in PRESETS, "model.preset", f"unknown preset {c.model.preset!r}; use one of {sorted(PRESETS)}")
+    family = c.model.get("family", "t5")
+    need(family in FAMILIES, "model.family", f"{family!r} is not a model family; use one of {FAMILIES}")
+    presets = PRESETS if family == "t5" else DECODER_PRESETS
+    need(c.model.preset in presets, "model.preset",
+         f"unknown preset {c.model.preset!r} for family {family!r}; use one of {sorted(presets)}")
+    need(family == "t5" or c.reward.lm_weight == 0, "reward.lm_weight",
+         "the joint language-modelling loss is implemented for T5 reward models; set it to 0 for the decoder family")
     need(0.0 <= c.model.dropout_rate < 1.0, "model.dropout_rate", "must be in [0, 1)")
     for name in ("dtype", "param_dtype"):
         need(c.model[name] in _DTYPES, f"model.{name}", f"{c.model[name]!r} is not a dtype; use one of {_DTYPES}")

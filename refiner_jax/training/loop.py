@@ -20,18 +20,19 @@ from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import tqdm
 
 from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax import sharding as shd
-from refiner_jax.models.t5 import T5, T5Config
+from refiner_jax.models.base import LanguageModel
+from refiner_jax.models.decoder import DecoderConfig
+from refiner_jax.models.t5 import T5Config
 from refiner_jax.tokenizers import Tokenizer
 from refiner_jax.training.data_order import EpochOrder
 from refiner_jax.training.optim import make_optimizer
 from refiner_jax.training.state import abstract_train_state, create_train_state, train_state_from_params
-from refiner_jax.training.steps import LossFn, make_train_step, seq2seq_loss
+from refiner_jax.training.steps import LossFn, make_train_step, pair_loss
 
 Pairs = Sequence[tuple[str, str]]
 MakePairs = Callable[[Any, np.ndarray, int], Pairs]  # (params, example indices, step) -> text pairs
@@ -49,10 +50,10 @@ class StageSpec:
     best_metric: str  # a key of `evaluate`'s result; higher is better
     input_len: int
     target_len: int
-    model: nn.Module | None = None  # default: T5(model_config)
-    loss: Callable[[nn.Module], LossFn] | None = None  # model -> loss function; default: seq2seq_loss(model.apply)
+    model: nn.Module | None = None  # default: the model config's LM (`models.base.LanguageModel`)
+    loss: Callable[[nn.Module], LossFn] | None = None  # model -> loss function; default: its `pair_loss`
     collate: Callable[[Any], dict] | None = None  # items -> arrays; default: `encode_pairs` of text pairs
-    init_args: tuple = ()  # dummy inputs of `model.init` (default: T5's tokens)
+    init_args: tuple = ()  # dummy inputs of `model.init` (default: the LM's)
     export_metadata: dict = dataclasses.field(default_factory=dict)  # saved with the exported parameters
     patience: int = 0  # stop after this many evaluations without a better `best_metric` (0: never)
 
@@ -82,12 +83,16 @@ class MetricsLog:
             self._writer.close()
 
 
-def encode_pairs(tokenizer: Tokenizer, pairs: Pairs, input_len: int, target_len: int) -> dict:
-    """Token arrays `{'inputs': [b, input_len], 'targets': [b, target_len]}` (truncated / padded to these fixed
-    lengths, so the train step compiles exactly once per stage)."""
-    inputs = tokenizer.encode_batch([p[0] for p in pairs], input_len, pad_to=input_len)
-    targets = tokenizer.encode_batch([p[1] for p in pairs], target_len, pad_to=target_len)
-    return {"inputs": inputs, "targets": targets}
+def encode_pairs(tokenizer: Tokenizer, pairs: Pairs, input_len: int, target_len: int,
+                 lm: LanguageModel | None = None) -> dict:
+    """Token arrays of text pairs for `lm` (default T5's `{'inputs': [b, input_len], 'targets': [b, target_len]}`),
+    truncated / padded to these fixed lengths, so the train step compiles exactly once per stage."""
+    if lm is None or lm.family == "t5":
+        inputs = tokenizer.encode_batch([p[0] for p in pairs], input_len, pad_to=input_len)
+        targets = tokenizer.encode_batch([p[1] for p in pairs], target_len, pad_to=target_len)
+        return {"inputs": inputs, "targets": targets}
+    return lm.pair_batch([tokenizer.encode(p[0]) for p in pairs], [tokenizer.encode(p[1]) for p in pairs],
+                         input_len, target_len, tokenizer.eos_id)
 
 
 def truncation_warning(name: str, tokenizer: Tokenizer, pairs: Pairs, input_len: int, target_len: int) -> str | None:
@@ -113,17 +118,18 @@ def stage_done(workdir: str, name: str) -> dict | None:
         return json.load(f)
 
 
-def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config, tokenizer: Tokenizer, mesh,
+def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | DecoderConfig, tokenizer: Tokenizer, mesh,
                 seed: int, checkpoint_every: int, keep: int, log: MetricsLog, init_params: Any = None,
                 log_every: int = 50, rules: shd.Rules = shd.DEFAULT_RULES) -> dict[str, float]:
     """Trains (or resumes) the stage to `spec.stage.steps` updates, exports the best parameters, marks it done.
     `rules` map the model's logical axes to `mesh` (config.logical_axis_rules)."""
     stage = spec.stage
-    model = spec.model or T5(model_config)
+    lm = LanguageModel(model_config)
+    model = spec.model or lm.module()
     opt_config = dict(stage.optimizer)
     opt_config["total_steps"] = max(1, stage.steps)
     tx, schedule = make_optimizer(opt_config)
-    init_args = spec.init_args or (jnp.ones((1, 8), jnp.int32),) * 2
+    init_args = spec.init_args or lm.init_args()
 
     def init_fn(key):
         return model.init(key, *init_args)["params"]
@@ -132,7 +138,7 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config, tokeni
         state, shardings = create_train_state(init_fn, tx, mesh, rules, seed=seed)
     else:
         state, shardings = train_state_from_params(init_params, init_fn, tx, mesh, rules, seed=seed)
-    loss = spec.loss(model) if spec.loss else seq2seq_loss(model.apply)
+    loss = spec.loss(model) if spec.loss else pair_loss(lm, model)
     train_step = make_train_step(loss, tx, mesh, shardings, rules=rules,
                                  num_microbatches=stage.microbatches, schedule=schedule)
     order = EpochOrder(spec.num_examples, stage.batch_size, seed=seed)
@@ -161,7 +167,8 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config, tokeni
                 progress.write(warning)
         first_batch = False
         if spec.collate is None:
-            batch = encode_pairs(tokenizer, pairs, spec.input_len, spec.target_len)  # the global batch, every process
+            # The global batch, on every process.
+            batch = encode_pairs(tokenizer, pairs, spec.input_len, spec.target_len, lm)
         else:
             batch = spec.collate(pairs)
         window_examples += len(pairs)
@@ -203,7 +210,8 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config, tokeni
     final = {"best_step": best, **(checkpointer.metrics(best) or last_eval)}
     checkpointer.close()
     ckpt_lib.export_params(os.path.join(stage_dir, "export"), params,
-                           {"model_config": dataclasses.asdict(model_config), "step": best, **spec.export_metadata})
+                           {"model_config": dataclasses.asdict(model_config), "family": lm.family, "step": best,
+                            **spec.export_metadata})
     if shd.is_main_process():
         with open(os.path.join(stage_dir, "DONE"), "w", encoding="utf-8") as f:
             json.dump(final, f, indent=2)

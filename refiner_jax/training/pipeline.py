@@ -22,7 +22,9 @@ import ml_collections
 
 from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax import sharding as shd
-from refiner_jax.models import hf
+from refiner_jax.models import decoder as decoder_lib
+from refiner_jax.models import hf, hf_decoder
+from refiner_jax.models.decoder import DecoderConfig
 from refiner_jax.models.t5 import T5Config, preset
 from refiner_jax.refine import CALIBRATION_FILE, ModelCritic, RunInfo, SolverCritic, TextModel, load_critic
 from refiner_jax.tasks import get_task
@@ -101,18 +103,25 @@ def _make_tokenizer(config, task: Task, train: list[Example]) -> Tokenizer:
                                    split_punctuation=config.tokenizer.split_punctuation)
 
 
-def model_setup(config, tokenizer: Tokenizer) -> tuple[T5Config, Any]:
-    """(model config, pretrained params or None): a preset sized to the tokenizer, or an imported checkpoint."""
+def model_setup(config, tokenizer: Tokenizer) -> tuple[T5Config | DecoderConfig, Any]:
+    """(model config, pretrained params or None): a preset of `config.model.family` sized to the tokenizer, or an
+    imported transformers checkpoint."""
     overrides = dict(dropout_rate=config.model.dropout_rate, dtype=config.model.dtype,
                      param_dtype=config.model.param_dtype, remat=config.model.remat)
+    decoder = config.model.family == "decoder"
     if config.model.checkpoint:
-        model_config, params = hf.load_t5(config.model.checkpoint, **overrides)
+        load = hf_decoder.load_decoder if decoder else hf.load_t5
+        model_config, params = load(config.model.checkpoint, **overrides)
         if model_config.vocab_size < tokenizer.vocab_size:
             raise config_lib.ConfigError(
                 f"config.model.checkpoint has {model_config.vocab_size} embeddings but the tokenizer has "
                 f"{tokenizer.vocab_size} tokens; use the checkpoint's own tokenizer (tokenizer.kind='hf')")
         return model_config, params
-    return preset(config.model.preset, vocab_size=padded_vocab_size(tokenizer.vocab_size), **overrides), None
+    vocab_size = padded_vocab_size(tokenizer.vocab_size)
+    if decoder:  # the tokenizer's pad and end ids; prompt and target share the positions
+        return decoder_lib.preset(config.model.preset, vocab_size=vocab_size, pad_id=tokenizer.pad_id,
+                                  eos_id=tokenizer.eos_id, bos_id=None, **overrides), None
+    return preset(config.model.preset, vocab_size=vocab_size, **overrides), None
 
 
 @dataclasses.dataclass
@@ -122,7 +131,7 @@ class Setup:
     task: Task
     splits: dict[str, list[Example]]
     tokenizer: Tokenizer
-    model_config: T5Config
+    model_config: T5Config | DecoderConfig
     pretrained: Any  # imported checkpoint parameters, or None
     mesh: Any
     rules: Any

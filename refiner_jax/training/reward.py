@@ -30,7 +30,7 @@ from refiner_jax import reward as rm
 from refiner_jax import sharding as shd
 from refiner_jax.evaluate import error_auroc, paired_auroc
 from refiner_jax.models.reward import RewardModel
-from refiner_jax.models.t5 import T5
+from refiner_jax.models.base import LanguageModel
 from refiner_jax.refine import TextModel
 from refiner_jax.tasks.base import Example, Task
 from refiner_jax.tasks.prm800k import read_prm800k
@@ -121,7 +121,7 @@ class Run:
     # ------------------------------------------------------------------------------------------------ reward models
 
     def module(self) -> RewardModel:
-        return RewardModel(T5(self.s.model_config), self.config.reward.head, self.label_ids)
+        return RewardModel(LanguageModel(self.s.model_config).module(), self.config.reward.head, self.label_ids)
 
     def scorer(self, params: Any, kind: str | None = None) -> rm.RewardScorer:
         if kind is not None:
@@ -161,13 +161,20 @@ class Run:
         def validate(params):
             return reward_validation(self.task, self.scorer(params), kind, self.val, val_samples, r.prm_reduction)
 
+        t5 = LanguageModel(self.s.model_config).family == "t5"
+        if t5:
+            def collate(sols):
+                return rm.t5_batch(self.s.tokenizer, sols, self.lengths.input, self.lengths.target, r.max_steps)
+        else:
+            def collate(sols):
+                return rm.decoder_batch(self.s.tokenizer, sols, self.lengths.input + self.lengths.target,
+                                        r.max_steps)
         spec = StageSpec(
             kind, r, len(data), make, validate, "paired_auroc", self.lengths.input, self.lengths.target,
             model=module, loss=lambda m: reward_loss(lambda p, b, key: rm.step_log_odds(m, p, b, key),
                                                      lambda p, b, key: rm.reference_logits(m, p, b, key),
                                                      r.lm_weight),
-            collate=lambda sols: rm.t5_batch(self.s.tokenizer, sols, self.lengths.input, self.lengths.target,
-                                             r.max_steps),
+            collate=collate,
             init_args=(jnp.zeros((1, r.max_steps), jnp.int32), jnp.ones((1, 8), jnp.int32),
                        jnp.ones((1, 8), jnp.int32)),
             export_metadata=rm.export_metadata(module, kind, r.max_steps), patience=r.patience)

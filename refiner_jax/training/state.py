@@ -114,13 +114,6 @@ def create_train_state(init_params: InitParams, tx: optax.GradientTransformation
     return state, shardings
 
 
-def _place(x: Any, abstract: jax.ShapeDtypeStruct) -> jax.Array:
-    """``x`` (host or single-device) as a global array with ``abstract``'s dtype and sharding. Each process fills
-    only its own devices' shards, so this also works where the sharding spans other hosts' devices."""
-    host = np.asarray(x, abstract.dtype)
-    return jax.make_array_from_callback(abstract.shape, abstract.sharding, lambda index: host[index])
-
-
 def train_state_from_params(params: Any, init_params: InitParams, tx: optax.GradientTransformation, mesh: Mesh,
                             rules: shd.Rules = shd.DEFAULT_RULES, seed: int | jax.Array = 0
                             ) -> tuple[TrainState, TrainState]:
@@ -142,7 +135,7 @@ def train_state_from_params(params: Any, init_params: InitParams, tx: optax.Grad
         if tuple(np.shape(got[path])) != want[path].shape:
             raise ValueError(f"params{name} has shape {tuple(np.shape(got[path]))}, the model expects "
                              f"{want[path].shape}")
-    params = jax.tree.map(_place, params, abstract.params)
+    params = jax.tree.map(lambda x, a: shd.place(x, a.sharding, a.dtype), params, abstract.params)
 
     def make(params: Any, key: jax.Array) -> TrainState:
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),

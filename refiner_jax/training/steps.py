@@ -24,6 +24,7 @@ import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
 from refiner_jax import sharding as shd
+from refiner_jax.models.base import LanguageModel
 from refiner_jax.models.t5 import PAD_ID, shift_right
 from refiner_jax.training.state import TrainState
 
@@ -100,14 +101,28 @@ def seq2seq_loss(apply_fn: Callable[..., jax.Array], *, z_loss: float = 0.0) -> 
         weights = batch.get("weights")
         if weights is None:
             weights = (targets != PAD_ID).astype(jnp.float32)
-        loss_sum, tokens = masked_cross_entropy(logits, targets, weights, z_loss=z_loss)
-        # The target's logit against the row maximum: a max reduction, where `argmax` (a variadic reduce) took 143 ms
-        # for 2048 x 32128 logits on a 2-core CPU against 8 ms. A target tied with another maximum counts as correct.
-        target_logit = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-        correct = jnp.sum((target_logit >= jnp.max(logits, axis=-1)) * weights)
-        return loss_sum, {"loss_sum": loss_sum, "accuracy_sum": correct, "tokens": tokens}
+        return _token_sums(logits, targets, weights, z_loss)
 
     return loss_fn
+
+
+def pair_loss(lm: LanguageModel, module: nn.Module, *, z_loss: float = 0.0) -> LossFn:
+    """Teacher-forced loss on the target tokens of ``lm.pair_batch`` batches, for either model family (the
+    decoder-only LM reads prompt and target as one sequence; only the target's tokens are scored). Sums as in
+    `seq2seq_loss`."""
+    def loss_fn(params: Any, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:
+        return _token_sums(*lm.target_logits(module, params, batch, rng), z_loss)
+
+    return loss_fn
+
+
+def _token_sums(logits, targets, weights, z_loss: float) -> tuple[jax.Array, dict[str, jax.Array]]:
+    loss_sum, tokens = masked_cross_entropy(logits, targets, weights, z_loss=z_loss)
+    # The target's logit against the row maximum: a max reduction, where `argmax` (a variadic reduce) took 143 ms
+    # for 2048 x 32128 logits on a 2-core CPU against 8 ms. A target tied with another maximum counts as correct.
+    target_logit = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    correct = jnp.sum((target_logit >= jnp.max(logits, axis=-1)) * weights)
+    return loss_sum, {"loss_sum": loss_sum, "accuracy_sum": correct, "tokens": tokens}
 
 
 def reward_loss(score_fn: Callable[[Any, Batch, jax.Array | None], jax.Array],
