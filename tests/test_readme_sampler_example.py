@@ -1,5 +1,5 @@
-"""The README's "use the sampler in your own JAX project" snippet, executed verbatim (keep README and this in sync),
-and the mesh example of docs/sampling.md."""
+"""docs/sampling.md's "with your own model" snippet, executed verbatim (keep the document and this in sync), and its
+mesh example."""
 import numpy as np
 
 SNIPPET = '''
@@ -75,11 +75,11 @@ def test_readme_sampler_snippet_runs_and_greedy_matches_a_plain_loop():
         assert int(greedy.lengths[row]) == len(generated)
 
 
-def test_readme_shows_this_snippet():
+def test_docs_show_this_snippet():
     import pathlib
 
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    assert SNIPPET in readme
+    doc = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "sampling.md").read_text(encoding="utf-8")
+    assert SNIPPET in doc
 
 
 def _doc_block(document: str, marker: str) -> str:

@@ -129,6 +129,9 @@ PRESETS: dict[str, DecoderConfig] = {
                                bos_id=1, eos_id=1, **_GPT2),
     "llama-tiny": DecoderConfig(vocab_size=512, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=176,
                                 max_positions=512, tie_embeddings=False, bos_id=1, eos_id=2, **_LLAMA),
+    # About t5-tiny's size (1.1M parameters with a 1024-token vocabulary), for the same jobs with either family.
+    "llama-mini": DecoderConfig(vocab_size=1024, d_model=128, num_layers=4, num_heads=4, num_kv_heads=2, d_ff=352,
+                                max_positions=512, tie_embeddings=False, bos_id=1, eos_id=2, **_LLAMA),
     "gpt2": DecoderConfig(vocab_size=50257, d_model=768, num_layers=12, num_heads=12, d_ff=3072,
                           max_positions=1024, bos_id=50256, eos_id=50256, **_GPT2),
     "qwen2.5-0.5b": DecoderConfig(vocab_size=151936, d_model=896, num_layers=24, num_heads=14, num_kv_heads=2,
