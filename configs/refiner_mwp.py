@@ -1,6 +1,7 @@
 """REFINER on math word problems.
 
   --config=configs/refiner_mwp.py          embedded synthetic MWP, a small model; every stage runs on a laptop CPU
+  --config=configs/refiner_mwp.py:decoder  the same with decoder-only models (Llama-style, t5-tiny's size)
   --config=configs/refiner_mwp.py:svamp    train on MAWPS+ASDiv-A, test on SVAMP (`task.data_dir` = the folder
                                            holding SVAMP's mawps-asdiv-a_svamp train.csv / dev.csv)
   --config=configs/refiner_mwp.py:paper    UnifiedQA-T5-base generator and critic at the paper's hyper-parameters
@@ -34,9 +35,13 @@ def get_config(arg: str | None = None):
         config.critic.steps = 3000
         config.warmup.steps = 3000
         config.refiner.steps = 1500
+    elif variant == "decoder":
+        # The same job with decoder-only models (`llama-mini`, about t5-tiny's size) as generator and critic.
+        config.model.family = "decoder"
+        config.model.preset = "llama-mini"
     elif variant == "paper":
         base.use_paper_settings(config, "unifiedqa-t5-base")
         config.task.data_dir = shared_data_dir("svamp", "mawps-asdiv-a_svamp")
     else:
-        raise ValueError(f"unknown variant {variant!r} for refiner_mwp.py; use one of: default, svamp, paper")
+        raise ValueError(f"unknown variant {variant!r} for refiner_mwp.py; use one of: default, decoder, svamp, paper")
     return config
