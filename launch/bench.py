@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from refiner_jax import cpu  # noqa: E402 (standard library only: JAX has not started)
 
-# bench name -> (family, model preset): T5 (`sampling.sample_t5`) or decoder-only (`sample_decoder`, GPT-2 shapes).
+# bench name -> (family, model preset): T5 (`t5_sampling.sample_t5`) or decoder-only (`sample_decoder`, GPT-2 shapes).
 SAMPLE_PRESETS = {"tiny": ("t5", "t5-tiny"), "t5-small": ("t5", "t5-small"), "gpt2-tiny": ("decoder", "gpt2-tiny"),
                   "gpt2-small": ("decoder", "gpt2")}
 
@@ -74,8 +74,7 @@ def _t5_sampler(name: str, seed: int, device):
     import transformers
     from flax.linen import meta
 
-    from refiner_jax import sampling
-    from refiner_jax.models import hf
+    from refiner_jax.models import hf, t5_sampling
     from refiner_jax.models.t5 import T5, preset
 
     config = preset(name, dropout_rate=0.0)
@@ -84,7 +83,7 @@ def _t5_sampler(name: str, seed: int, device):
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_t5(config, jax.device_get(params), tmp)
         reference = transformers.T5ForConditionalGeneration.from_pretrained(tmp).eval().to(device)
-    return dict(config=config, params=params, sample=sampling.sample_t5, reference=reference, echoes_prompt=False,
+    return dict(config=config, params=params, sample=t5_sampling.sample_t5, reference=reference, echoes_prompt=False,
                 generation=dict(decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
 
 
@@ -110,7 +109,7 @@ def _decoder_sampler(name: str, seed: int, device):
 
 def bench_sample(args) -> dict:
     """Batch sampling throughput of ours vs transformers' `generate`, on the same architecture and weights (ours,
-    exported for transformers): `sampling.sample_t5` vs `T5ForConditionalGeneration` for the T5 presets, and
+    exported for transformers): `models.t5_sampling.sample_t5` vs `T5ForConditionalGeneration` for the T5 presets, and
     `models.decoder_sampling.sample_decoder` (each prompt prefilled in one pass) vs `GPT2LMHeadModel` for the
     decoder-only ones.
 

@@ -14,7 +14,7 @@ import os
 
 from absl import app, flags
 
-from refiner_jax import critic_tool, refine
+from refiner_jax import critic_tool, critics, text_model
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Trained run directory holding critic/export.")
 _INPUT = flags.DEFINE_string("input", None, "JSONL with question and hypothesis per line.")
@@ -38,7 +38,7 @@ def main(argv):
     if not os.path.isdir(out_dir):
         raise SystemExit(f"error: --output {_OUTPUT.value}: the folder {out_dir} does not exist; create it first")
     try:
-        task = refine.RunInfo.load(_WORKDIR.value).task()
+        task = text_model.RunInfo.load(_WORKDIR.value).task()
         records = critic_tool.read_jsonl(_INPUT.value)  # fail on a bad record before loading the model
         critic_tool.records_to_examples(records, task, _INPUT.value)
         demos = critic_tool.read_demonstrations(_DEMOS.value) if _DEMOS.value else None
@@ -47,7 +47,7 @@ def main(argv):
     if _RENDER.value and demos is None and not critic_tool.prompt_format(task.name).demonstrations:
         print(f"note: task {task.name!r} has no built-in demonstrations; the prompts are zero-shot (give some "
               "with --demos=FILE.jsonl)")
-    critic = refine.load_critic(_WORKDIR.value, task, batch_size=_BATCH.value)
+    critic = critics.load_critic(_WORKDIR.value, task, batch_size=_BATCH.value)
     if _MAX_INPUT.value is not None:
         critic.model.max_input = _MAX_INPUT.value
     n = critic_tool.run_tool(critic, critic.task, _INPUT.value, _OUTPUT.value, render=_RENDER.value,

@@ -20,7 +20,7 @@ import random
 import sys
 from typing import Any, Callable, Iterable, Sequence
 
-from refiner_jax import evaluate, refine
+from refiner_jax import critics, evaluate, refine, text_model
 from refiner_jax.tasks.base import (DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, as_task_question, json_objects,
                                     gold_fields_read, is_no_hint)
 
@@ -181,7 +181,7 @@ def render_prompt(question: str, hypothesis: str, feedback: str, fmt: PromptForm
 # ----------------------------------------------------------------------------------------------- the tool
 
 
-def annotate(records: Sequence[dict], critic: refine.Critic, task: Task, fmt: PromptFormat | None = None,
+def annotate(records: Sequence[dict], critic: critics.Critic, task: Task, fmt: PromptFormat | None = None,
              source: str = "<input>") -> list[dict]:
     """The records with the critic's "feedback" (and, with `fmt`, the refinement "prompt") added."""
     examples = records_to_examples(records, task, source)
@@ -199,7 +199,7 @@ def annotate(records: Sequence[dict], critic: refine.Critic, task: Task, fmt: Pr
     return out
 
 
-def budget_warning(critic: refine.Critic, examples: Sequence[Example], hypotheses: Sequence[str]) -> str | None:
+def budget_warning(critic: critics.Critic, examples: Sequence[Example], hypotheses: Sequence[str]) -> str | None:
     """A message when inputs of a trained critic exceed its token budget (their ends, the hypotheses, would be
     cut), else None; critics without a budget never warn."""
     measure = getattr(critic, "input_lengths", None)
@@ -215,7 +215,7 @@ def budget_warning(critic: refine.Critic, examples: Sequence[Example], hypothese
             f"--max_input={max(lengths)} (the critic was trained on inputs of at most {budget} tokens)")
 
 
-def run_tool(critic: refine.Critic, task: Task, input_path: str, output_path: str, render: bool = False,
+def run_tool(critic: critics.Critic, task: Task, input_path: str, output_path: str, render: bool = False,
              demonstrations: Sequence[Demonstration] | None = None, chunk_size: int = 1024,
              warn: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> int:
     """Reads `input_path` (all lines are checked first), writes the annotated records to `output_path` in chunks
@@ -253,10 +253,10 @@ class _Unscored:
         return {}
 
 
-def interactive_refine(task: Task, generator, example: Example, suggest: refine.Critic | None = None,
+def interactive_refine(task: Task, generator, example: Example, suggest: critics.Critic | None = None,
                        turns: int = 3, template: str = DEFAULT_REFINE_TEMPLATE,
                        ask: Callable[[str], str] = input, show: Callable[[str], None] = print) -> refine.Trajectory:
-    """Refines one problem with a person as the critic (`refine.HumanCritic`); stops when the person answers
+    """Refines one problem with a person as the critic (`critics.HumanCritic`); stops when the person answers
     "ok" or "No hint" (or accepts a "No hint" suggestion) or after `turns` revisions. Scores each turn when the
     example has a gold hypothesis."""
 
@@ -264,7 +264,7 @@ def interactive_refine(task: Task, generator, example: Example, suggest: refine.
         typed = ask(prompt).strip()
         return NO_HINT if typed.lower() == "ok" or is_no_hint(typed) else typed
 
-    human = refine.HumanCritic(suggest=suggest, ask=ask_feedback, show=show)
+    human = critics.HumanCritic(suggest=suggest, ask=ask_feedback, show=show)
     scored = bool(example.z)
     [trajectory] = refine.refine(generator, human, task if scored else _Unscored(task), [example], turns, template)
     stopped = len(trajectory.feedback) > len(trajectory.hypotheses) - 1
@@ -303,7 +303,7 @@ def interactive_session(workdir: str, turns: int = 3, split: str = "test", use_c
                         show: Callable[[str], None] = print) -> list[refine.Trajectory]:
     """`interactive_loop` over a trained run: its generator (REFINER, else warm-up), its critic's suggestions (when
     `use_critic` and the critic stage is trained) and the problems of `split`, one prompt at a time."""
-    run = refine.RunInfo.load(workdir)
+    run = text_model.RunInfo.load(workdir)
     task = run.task()
     _, generator, suggest = evaluate.load_run_models(run, task, batch_size=1, with_critic=use_critic)
     if use_critic and suggest is None:
@@ -314,7 +314,7 @@ def interactive_session(workdir: str, turns: int = 3, split: str = "test", use_c
     return interactive_loop(task, generator, examples, suggest, turns, template, ask, show)
 
 
-def interactive_loop(task: Task, generator, examples: Sequence[Example], suggest: refine.Critic | None = None,
+def interactive_loop(task: Task, generator, examples: Sequence[Example], suggest: critics.Critic | None = None,
                      turns: int = 3, template: str = DEFAULT_REFINE_TEMPLATE, ask: Callable[[str], str] = input,
                      show: Callable[[str], None] = print, seed: int = 0) -> list[refine.Trajectory]:
     """Problem after problem until the person quits; returns the trajectories."""

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from jax.sharding import Mesh
 
-from refiner_jax import refine
+from refiner_jax import critics, refine, text_model
 from refiner_jax import sharding as shd
 from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task, feedback_matches, is_no_hint, refine_input
 
@@ -150,14 +150,14 @@ def _trajectory_records(trajectories: Sequence[refine.Trajectory], setting: str)
              "scores": t.scores} for t in trajectories]
 
 
-def evaluate_refinement(task: Task, generator, critic: refine.Critic | None, oracle: refine.Critic | None,
+def evaluate_refinement(task: Task, generator, critic: critics.Critic | None, oracle: critics.Critic | None,
                         examples: Sequence[Example], turns: int = 3, template: str = DEFAULT_REFINE_TEMPLATE,
                         bootstrap_samples: int = 1000, seed: int = 0,
                         initial: Sequence[str] | None = None) -> dict[str, Any]:
     """The results table of one task.
 
     Rows (`results["rows"]`, in order): the generator alone (turn 0), + trained critic at T=1 and at T=`turns`
-    (one trajectory, truncated for T=1), + oracle critic at T=`turns` (default oracle: `refine.OracleCritic`).
+    (one trajectory, truncated for T=1), + oracle critic at T=`turns` (default oracle: `critics.OracleCritic`).
     Each row maps every task metric to {mean, low, high}; a critic row also has `gain`, the paired difference of
     the primary metric from the generator alone (`paired_gain`). Also: flips of the primary metric per critic, critic
     quality on a fixed held-out perturbation set and on the generator's own hypotheses, and every trajectory
@@ -169,7 +169,7 @@ def evaluate_refinement(task: Task, generator, critic: refine.Critic | None, ora
     examples = list(examples)
     if not examples:
         raise ValueError("evaluate_refinement needs at least one example")
-    oracle = oracle if oracle is not None else refine.OracleCritic(task)
+    oracle = oracle if oracle is not None else critics.OracleCritic(task)
     z0 = list(initial) if initial is not None else generator.greedy([ex.x for ex in examples])
     runs: dict[str, list[refine.Trajectory]] = {}
     if critic is not None:
@@ -284,7 +284,7 @@ def calibrate_threshold(confidence: Sequence[float], has_error: Sequence[bool]) 
     return float(candidates[best]), float(accuracy[best])
 
 
-def calibrate_for_refinement(task: Task, critic: refine.Critic, generator, examples: Sequence[Example],
+def calibrate_for_refinement(task: Task, critic: critics.Critic, generator, examples: Sequence[Example],
                              template: str = DEFAULT_REFINE_TEMPLATE) -> dict[str, Any]:
     """The "No hint" threshold of a trained critic for refining with `generator`, chosen on `examples` (held-out
     problems) by the task's primary metric after one refinement turn, and the figures behind it.
@@ -330,13 +330,13 @@ def calibrate_for_refinement(task: Task, critic: refine.Critic, generator, examp
             "auroc": error_auroc(confidence, wrong)}
 
 
-def _confidences(critic: refine.Critic, examples: Sequence[Example], hypotheses: Sequence[str]) -> np.ndarray | None:
+def _confidences(critic: critics.Critic, examples: Sequence[Example], hypotheses: Sequence[str]) -> np.ndarray | None:
     """The critic's confidence that each hypothesis is right, for critics that give one (None otherwise)."""
     scorer = getattr(critic, "confidence", None)
     return np.asarray(scorer(list(examples), list(hypotheses))) if scorer else None
 
 
-def _confidence_auroc(critic: refine.Critic, examples: Sequence[Example], hypotheses: Sequence[str],
+def _confidence_auroc(critic: critics.Critic, examples: Sequence[Example], hypotheses: Sequence[str],
                       has_error: Sequence[bool]) -> float | None:
     """`error_auroc` of the critic's confidence, for critics that give one (None otherwise)."""
     confidence = _confidences(critic, examples, hypotheses)
@@ -362,7 +362,7 @@ def paired_eval_set(task: Task, examples: Sequence[Example], seed: int = 0, wron
     return out
 
 
-def critic_paired_auroc(task: Task, critic: refine.Critic, examples: Sequence[Example], seed: int = 0
+def critic_paired_auroc(task: Task, critic: critics.Critic, examples: Sequence[Example], seed: int = 0
                         ) -> float | None:
     """`paired_auroc` of the critic's confidence on `paired_eval_set` (None for critics without a confidence)."""
     items = paired_eval_set(task, examples, seed)
@@ -372,7 +372,7 @@ def critic_paired_auroc(task: Task, critic: refine.Critic, examples: Sequence[Ex
     return paired_auroc(confidence, [not f.ok for _, _, f in items], [ex.uid for ex, _, _ in items])
 
 
-def generator_samples_auroc(task: Task, critic: refine.Critic, generator, examples: Sequence[Example],
+def generator_samples_auroc(task: Task, critic: critics.Critic, generator, examples: Sequence[Example],
                             num_samples: int = 4, seed: int = 0) -> dict[str, Any] | None:
     """The critic's `paired_auroc` over the generator's own answers: its greedy hypothesis and `num_samples`
     samples (temperature 1) per problem, distinct ones only. None for critics without a confidence or generators
@@ -394,7 +394,7 @@ def generator_samples_auroc(task: Task, critic: refine.Critic, generator, exampl
             "wrong": int(np.sum(has_error)), "problems_with_pairs": problems_with_pairs}
 
 
-def _feedback_agreement(task: Task, critic: refine.Critic, examples: Sequence[Example], hypotheses: Sequence[str],
+def _feedback_agreement(task: Task, critic: critics.Critic, examples: Sequence[Example], hypotheses: Sequence[str],
                         predicted: Sequence[str]) -> dict[str, Any]:
     """Feedback EM and error detection of critic feedback against the oracle's, on given hypotheses."""
     gold = [task.oracle_feedback(ex, h) for ex, h in zip(examples, hypotheses)]
@@ -405,7 +405,7 @@ def _feedback_agreement(task: Task, critic: refine.Critic, examples: Sequence[Ex
             "auroc": _confidence_auroc(critic, examples, hypotheses, has_error)}
 
 
-def critic_quality(task: Task, critic: refine.Critic, examples: Sequence[Example], seed: int = 0,
+def critic_quality(task: Task, critic: critics.Critic, examples: Sequence[Example], seed: int = 0,
                    bootstrap_samples: int = 1000) -> dict[str, Any]:
     """Feedback exact match (sentence-order-insensitive, `feedback_matches`) against the oracle on the held-out
     perturbation set, overall and per gold error kind ("no_error" for unchanged hypotheses; a hypothesis with
@@ -439,22 +439,22 @@ def critic_quality(task: Task, critic: refine.Critic, examples: Sequence[Example
 # ----------------------------------------------------------------------------------------------- noise study
 
 
-def noise_study(task: Task, generator, oracle: refine.Critic | None, examples: Sequence[Example],
+def noise_study(task: Task, generator, oracle: critics.Critic | None, examples: Sequence[Example],
                 epsilons: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0), turns: int = 3,
                 template: str = DEFAULT_REFINE_TEMPLATE, bootstrap_samples: int = 1000, seed: int = 0,
                 initial: Sequence[str] | None = None) -> dict[str, Any]:
     """Refinement with the oracle critic whose feedback is replaced, with probability epsilon, by random feedback
-    (`refine.NoisyCritic`): the final hypotheses' metrics (mean + CI) per epsilon."""
+    (`critics.NoisyCritic`): the final hypotheses' metrics (mean + CI) per epsilon."""
     examples = list(examples)
     if not examples:
         raise ValueError("noise_study needs at least one example")
-    oracle = oracle if oracle is not None else refine.OracleCritic(task)
+    oracle = oracle if oracle is not None else critics.OracleCritic(task)
     z0 = list(initial) if initial is not None else generator.greedy([ex.x for ex in examples])
     rows, primary = [], None
     for eps in epsilons:
         if not 0.0 <= eps <= 1.0:
             raise ValueError(f"noise level epsilon must be in [0, 1], got {eps}")
-        noisy = refine.NoisyCritic(oracle, task, float(eps), seed=seed)
+        noisy = critics.NoisyCritic(oracle, task, float(eps), seed=seed)
         trajectories = refine.refine(generator, noisy, task, examples, turns, template, initial=z0)
         metrics = _row(task, examples, trajectories, None, bootstrap_samples, seed)
         primary = primary or primary_metric(task, list(trajectories[0].scores[0]))
@@ -475,20 +475,20 @@ def generator_stage_dir(workdir: str, stages: Sequence[str] = ("refiner", "warmu
                             "(train with launch/train.py --workdir=...)")
 
 
-def load_run_models(run: refine.RunInfo, task: Task, batch_size: int, with_critic: bool = True,
-                    mesh: Mesh | None = None) -> tuple[str, refine.TextModel, refine.Critic | None]:
+def load_run_models(run: text_model.RunInfo, task: Task, batch_size: int, with_critic: bool = True,
+                    mesh: Mesh | None = None) -> tuple[str, text_model.TextModel, critics.Critic | None]:
     """(generator stage directory, generator, trained critic) of a run: the REFINER generator (else the warm-up
     one) and the critic, None when it was not trained or `with_critic` is False. Prompts are padded to the run's
     token budgets, so each model compiles its sampler once; with a `mesh`, they are split over its devices."""
     generator_dir = generator_stage_dir(run.workdir)
     tokenizer = run.tokenizer()
     lengths = run.lengths
-    generator = refine.load_text_model(generator_dir, tokenizer, lengths["refine_input"], lengths["target"],
+    generator = text_model.load_text_model(generator_dir, tokenizer, lengths["refine_input"], lengths["target"],
                                        lengths["refine_input"], batch_size, mesh=mesh)
     critic = None
     critic_dir = os.path.join(run.workdir, "critic")
     if with_critic and os.path.isdir(os.path.join(critic_dir, "export")):
-        critic = refine.load_critic(run, task, batch_size, mesh=mesh)
+        critic = critics.load_critic(run, task, batch_size, mesh=mesh)
     return generator_dir, generator, critic
 
 
@@ -500,15 +500,15 @@ def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples:
     Generator: `<workdir>/refiner` (else `<workdir>/warmup`); critic: `<workdir>/critic` (rows left out when it
     was not trained). Settings come from the run's config (`config_dict`, default `<workdir>/config.json`):
     `eval.examples/turns/batch_size/noise_levels/bootstrap_samples`, `refiner.template`, `task.data_dir`. With a
-    `mesh`, the models sample over its devices (`refine.TextModel`).
+    `mesh`, the models sample over its devices (`text_model.TextModel`).
     """
     from refiner_jax import results as results_lib
 
     if config_dict is not None:
         config = config_dict.to_dict() if hasattr(config_dict, "to_dict") else dict(config_dict)
-        run = refine.RunInfo(workdir, config)
+        run = text_model.RunInfo(workdir, config)
     else:
-        run = refine.RunInfo.load(workdir)
+        run = text_model.RunInfo.load(workdir)
     eval_cfg = dict(run.config.get("eval", {}))
     turns = int(turns if turns is not None else eval_cfg.get("turns", 3))
     if turns < 1:

@@ -1,17 +1,17 @@
 """Batch sampling from autoregressive decoders inside one jitted `lax.while_loop` (no host sync per token).
 
 `sample` is model-agnostic: it drives a `tokens_to_logits(tokens, index, cache) -> (logits, cache)` step callback
-and serves the T5 decoder (`sample_t5`), a decoder-only LM or any other model. A prompt is either teacher-forced
-through the loop token by token, or prefilled by the model in one pass whose last logits start the loop
-(`first_logits`; `models.decoder_sampling.sample_decoder`). Decoding modes: greedy (temperature 0), temperature,
-top-k, top-p (nucleus), and top-k with top-p; min/max new tokens; every sequence stops at EOS (one id or several) and
-the loop exits once all have.
+and serves the T5 decoder (`models.t5_sampling.sample_t5`), a decoder-only LM or any other model; it imports no
+model. A prompt is either teacher-forced through the loop token by token, or prefilled by the model in one pass
+whose last logits start the loop (`first_logits`; `models.decoder_sampling.sample_decoder`). Decoding modes: greedy
+(temperature 0), temperature, top-k, top-p (nucleus), and top-k with top-p; min/max new tokens; every sequence
+stops at EOS (one id or several) and the loop exits once all have.
 
 Temperature, top-k, top-p and min_new_tokens are traced values: changing them never recompiles. Nothing sorts
 the vocabulary (on XLA:CPU, `jnp.sort` or `lax.top_k(x, vocab)` of 64 x 32k logits takes ~0.3-0.6 s, far more
 than a T5-small decoder step):
   * top-k uses `lax.top_k(logits, max_top_k)` with a static bound (default 64) and masks ranks >= top_k; top_k
-    is clamped to the bound (`sample` and `sample_t5` raise when a Python int top_k exceeds it). With top_k > 0
+    is clamped to the bound (`sample` and the model samplers raise when a Python int top_k exceeds it). With top_k > 0
     the nucleus is taken inside the renormalised top-k set, so it always lies within the bound: exact.
   * top-p alone (top_k = 0) is exact for any nucleus size, without a bound: rejection sampling from the full
     distribution with an exact membership test (`_sample_nucleus`), a handful of passes over the logits per step
@@ -47,7 +47,7 @@ _MAX_ROUNDS = 64  # rejection rounds before an undecided row takes the most like
 
 @flax.struct.dataclass
 class SampleOutput:
-    """Sampled continuations. Leading dims are `[n]` for `sample`, `[batch, k]` for `sample_t5`."""
+    """Sampled continuations. Leading dims are `[n]` for `sample`, `[batch, k]` for the model samplers."""
 
     tokens: jax.Array  # [..., max_new_tokens] int32; pad after the end (EOS included when emitted)
     lengths: jax.Array  # [...] int32 generated tokens, EOS included
@@ -304,58 +304,15 @@ def _sample_nucleus(scaled, key, top_p):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# T5
-
-
-def _encode_t5(params, encoder_tokens, *, config):
-    """Cross-attention keys/values of every decoder layer for `[batch, enc_len]` prompts (see `T5.cross_kv`)."""
-    from refiner_jax.models.t5 import T5
-
-    model = T5(config)
-    encoded = model.apply({"params": params}, encoder_tokens, method=T5.encode)  # [batch, enc_len, d_model]
-    return model.apply({"params": params}, encoded, method=T5.cross_kv)
-
-
-def _decode_t5(params, cross_kv, encoder_tokens, rng, temperature, top_k, top_p, min_new_tokens, *, config,
-               num_samples, max_new_tokens, max_top_k, eos_id, row_chunks):
-    from refiner_jax.models.t5 import DECODER_START_ID, PAD_ID, T5
-
-    model = T5(config)
-    variables = {"params": params}
-    encoder_mask = encoder_tokens != PAD_ID  # [batch, enc_len], per prompt: a prompt's samples share it
-    output_kernel = model.apply(variables, method=T5.output_kernel)  # [d_model, vocab], once, outside the loop
-
-    def decode(args):
-        cross_kv, encoder_mask, key = args
-        n = encoder_mask.shape[0] * num_samples
-
-        def tokens_to_logits(tokens, index, cache):
-            return model.apply(variables, tokens, index, cache, cross_kv, encoder_mask, output_kernel,
-                               method=T5.decode_step)
-
-        return sample(tokens_to_logits, T5.init_cache(config, n, max_new_tokens),
-                      jnp.full((n, 1), DECODER_START_ID, jnp.int32), key, max_new_tokens=max_new_tokens,
-                      temperature=temperature, top_k=top_k, top_p=top_p, min_new_tokens=min_new_tokens,
-                      eos_id=eos_id, pad_id=PAD_ID, max_top_k=max_top_k)
-
-    batch = encoder_mask.shape[0]
-    if row_chunks == 1:
-        out = decode((cross_kv, encoder_mask, rng))
-    else:  # one decode loop per group of prompts, run one after another
-        out = jax.lax.map(decode, (jax.tree.map(lambda x: x.reshape(row_chunks, -1, *x.shape[1:]),
-                                                (cross_kv, encoder_mask)) + (jax.random.split(rng, row_chunks),)))
-        out = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)  # [chunks, rows, ...] -> [batch * k, ...]
-    return jax.tree.map(lambda x: x.reshape(batch, num_samples, *x.shape[1:]), out)
+# Model samplers' shared pieces: traced knobs, compiler options, and splitting prompts over a mesh
 
 
 # On CPU the decode loop's matmuls go to Eigen rather than YNNPACK (which keeps the reductions). Their few rows
 # meet weights streamed from memory on every step; measured on 2 cores with weights out of cache, t5-small decoder
 # products of 32 rows run 1.4-2.1x faster in Eigen. Interleaved runs of the decode program: t5-small greedy 23%
 # less time, t5-tiny greedy 14% and top-p 11% less, t5-small top-p 3% more (within the spread). The encoder's
-# large products are faster in YNNPACK, so it is compiled apart, with the defaults.
+# large products are faster in YNNPACK, so `models.t5_sampling` compiles it apart, with the defaults.
 _CPU_DECODE_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
-_DECODE_STATIC = ("config", "num_samples", "max_new_tokens", "max_top_k", "eos_id", "row_chunks")
-_encode_t5_jit = jax.jit(_encode_t5, static_argnames=("config",))
 
 
 @functools.cache
@@ -368,111 +325,6 @@ def decode_options(platform: str) -> dict | None:
     except jax.errors.JaxRuntimeError:
         return None
     return _CPU_DECODE_OPTIONS
-
-
-@functools.cache
-def _decode_t5_jit(platform: str):
-    """`_decode_t5` compiled with `decode_options(platform)`."""
-    return jax.jit(_decode_t5, static_argnames=_DECODE_STATIC, compiler_options=decode_options(platform))
-
-
-@functools.cache
-def _encode_t5_split(mesh: Mesh, config):
-    """`_encode_t5` on every device of `mesh`, each on its slice of the prompts (parameters replicated)."""
-    return jax.jit(split_rows(functools.partial(_encode_t5, config=config), mesh, (False, True)))
-
-
-@functools.cache
-def _decode_t5_split(mesh: Mesh, **static):
-    """`_decode_t5` on every device of `mesh`: each decodes its slice of the prompts in its own loop, with its own
-    key, and no communication between devices."""
-    # (params, cross_kv, encoder_tokens, rng, temperature, top_k, top_p, min_new_tokens)
-    rows = (False, True, True, False, False, False, False, False)
-    return jax.jit(split_rows(functools.partial(_decode_t5, **static), mesh, rows, rng_arg=3),
-                   compiler_options=decode_options(mesh.devices.flat[0].platform))
-
-
-_CACHE_BUDGET = 8 * 2 ** 20  # bytes of decoder weights + decode state that one row group may use on a CPU
-_MIN_CHUNK_ROWS = 8
-
-
-def auto_row_chunks(config, batch: int, enc_len: int, num_samples: int, max_new_tokens: int,
-                    platform: str | None = None) -> int:
-    """How many groups of prompts `sample_t5` decodes one after another by default (1 = the whole batch at once).
-
-    A decode step reads the decoder's weights and every row's cached keys and values. For a small model on a CPU
-    with many distinct prompts, that state outgrows the caches and each step re-reads it from memory; decoding
-    row groups whose weights + state fit `_CACHE_BUDGET` in turn keeps each group cache-resident for all its
-    steps. Measured on 2 cores (1 MiB L2 each, 32 MiB L3), t5-tiny greedy, 32 prompts x 128 tokens -> 64: 4
-    groups of 8 take 0.77-0.92x the time of one batch of 32 (encoder included). Only on CPU, only with one sample
-    per prompt (the samples of a prompt share its cross-attention state already), and never below
-    `_MIN_CHUNK_ROWS` rows.
-    """
-    if (platform or jax.default_backend()) != "cpu" or num_samples != 1:
-        return 1
-    weight_bytes = np.dtype(config.weight_dtype).itemsize * (
-        config.vocab_size * config.d_model + config.n_decoder_layers * (
-            8 * config.d_model * config.num_heads * config.d_kv
-            + (3 if config.feed_forward_proj == "gated-gelu" else 2) * config.d_model * config.d_ff))
-    row_bytes = (np.dtype(config.compute_dtype).itemsize * config.n_decoder_layers * 2 * config.num_heads
-                 * config.d_kv * (enc_len + max_new_tokens))
-    if weight_bytes + batch * row_bytes <= _CACHE_BUDGET:
-        return 1
-    rows = batch
-    while rows % 2 == 0 and rows // 2 >= _MIN_CHUNK_ROWS and weight_bytes + rows * row_bytes > _CACHE_BUDGET:
-        rows //= 2
-    return batch // rows if weight_bytes + rows * row_bytes <= _CACHE_BUDGET else 1
-
-
-def sample_t5(params, encoder_tokens, rng, *, config, max_new_tokens: int, num_samples: int = 1, temperature=1.0,
-              top_k=0, top_p=1.0, min_new_tokens=0, max_top_k: int = 64, eos_id: int = 1,
-              row_chunks: int | None = None, mesh: Mesh | None = None) -> SampleOutput:
-    """`num_samples` continuations per prompt from a T5 (jitted; returns `[batch, num_samples, ...]` leaves).
-
-    Each prompt is encoded once and its cross-attention keys/values computed once, then shared by its samples;
-    the self-attention cache is preallocated for `max_new_tokens`. Two programs, the encoder and the decode loop,
-    each compiled once per (config, batch, prompt length, num_samples, max_new_tokens, max_top_k, row_chunks, mesh):
-    temperature, top_k, top_p and min_new_tokens are traced (see `sample` for their meaning). Pad prompt lengths to
-    a few buckets (`pad_to_bucket`) to keep compilations bounded.
-
-    Args:
-      params: the T5's unboxed parameters (passed to the compiled function as arguments, not baked in).
-      encoder_tokens: `[batch, enc_len]` int32 prompts, pad (0) on the right.
-      rng: PRNG key.
-      row_chunks: decode the batch (with a mesh: each device's slice) as this many groups of prompts, one after
-        another (must divide it); None picks it with `auto_row_chunks`. Greedy outputs do not depend on it; sampled
-        ones do (each group draws from its own key), but are fixed for a given key and row_chunks.
-      mesh: split the prompts over every device of this mesh (all its axes; the batch must divide by its size):
-        each device encodes and decodes its slice in its own loop, which ends when its own rows have, with no
-        communication. Parameters are replicated; place them with `replicate(params, mesh)` once to avoid a copy
-        per call. A mesh over several processes needs every process to pass the same prompts and key (parameters
-        split over the processes are gathered). Greedy outputs equal the single-device ones; sampled rows of device
-        i are those of an unsplit call on its slice with key `fold_in(rng, i)`. On a CPU, host devices (`XLA_FLAGS=
-        --xla_force_host_platform_device_count=<cores>`, set before JAX starts) run their loops in parallel: a
-        decode step of a small model is many small operations, and two loops keep two cores busy where one splits
-        each operation (t5-tiny on 2 cores: 1.5-1.9x the tokens/s of one device, t5-small greedy 1.1-1.2x).
-    """
-    encoder_tokens = jnp.asarray(encoder_tokens, jnp.int32)
-    batch, enc_len = encoder_tokens.shape
-    devices, platform = check_split(batch, mesh)
-    if row_chunks is None:
-        row_chunks = auto_row_chunks(config, batch // devices, enc_len, num_samples, max_new_tokens, platform)
-    if row_chunks < 1 or (batch // devices) % row_chunks:
-        raise ValueError(f"row_chunks={row_chunks} must be a positive divisor of the batch size {batch // devices}"
-                         + (f" on each of the {devices} devices" if devices > 1 else ""))
-    knobs = traced_knobs(temperature, top_k, top_p, min_new_tokens, max_top_k)
-    static = dict(config=config, num_samples=num_samples, max_new_tokens=max_new_tokens, max_top_k=max_top_k,
-                  eos_id=eos_id, row_chunks=row_chunks)
-    if devices == 1:
-        cross_kv = _encode_t5_jit(params, encoder_tokens, config=config)
-        return _decode_t5_jit(platform)(params, cross_kv, encoder_tokens, rng, *knobs, **static)
-    params, encoder_tokens = replicate(params, mesh), place_rows(encoder_tokens, mesh)
-    cross_kv = _encode_t5_split(mesh, config)(params, encoder_tokens)
-    return _decode_t5_split(mesh, **static)(params, cross_kv, encoder_tokens, rng, *knobs)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Model samplers' shared pieces: traced knobs, compiler options, and splitting prompts over a mesh
 
 
 def traced_knobs(temperature, top_k, top_p, min_new_tokens, max_top_k: int) -> tuple[jax.Array, ...]:
@@ -512,7 +364,7 @@ def split_rows(fn: Callable, mesh: Mesh, rows: Sequence[bool], rng_arg: int | No
 
 
 def replicate(params, mesh: Mesh):
-    """`params` replicated over `mesh`'s devices, as `sample_t5(..., mesh=mesh)` takes them without a copy per
+    """`params` replicated over `mesh`'s devices, as the model samplers take them (`mesh=mesh`) without a copy per
     call."""
     return jax.tree.map(lambda x: shd.place(x, NamedSharding(mesh, P())), params)
 

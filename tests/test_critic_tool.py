@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from refiner_jax import critic_tool, refine
+from refiner_jax import critic_tool, critics, text_model
 from refiner_jax.tasks import get_task
 from refiner_jax.tasks.base import NO_HINT, Example, feedback_matches
 
@@ -124,7 +124,7 @@ def test_custom_demonstrations(tmp_path):
 def test_a_critic_that_skips_records_is_an_error(tmp_path, mwp):
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     _write(src, [json.dumps({"question": f"q{i}", "hypothesis": "h"}) for i in range(3)])
-    one = refine.CallableCritic(lambda examples, hypotheses: [NO_HINT])
+    one = critics.CallableCritic(lambda examples, hypotheses: [NO_HINT])
     with pytest.raises(ValueError, match="returned 1 feedback texts for 3 records"):
         critic_tool.run_tool(one, mwp, str(src), str(dst))
     with pytest.raises(ValueError, match="chunk_size must be >= 1"):
@@ -137,7 +137,7 @@ def test_inputs_over_the_critic_budget_are_reported(tmp_path, mwp):
     from refiner_jax.tokenizers import ByteTokenizer
 
     model = type("Model", (), {"tokenizer": ByteTokenizer(), "max_input": 20})()
-    critic = refine.ModelCritic(model, mwp)
+    critic = critics.ModelCritic(model, mwp)
     examples = [Example("a", "q", "", ""), Example("b", "a longer question", "", "")]
     hypotheses = ["#0: x", "#0: add ( number0, number1 )"]  # inputs of 1 + 1 + 5 + 1 and 17 + 1 + 28 + 1 tokens
     assert critic.input_lengths(examples, hypotheses) == [8, 47]
@@ -205,7 +205,7 @@ def _scripted(answers):
 def test_interactive_session_scripted():
     examples = [Example("0", "q0", "g0", ""), Example("1", "q1", "g1", "")]
     generator = FixingGenerator({"q0": "g0", "q1": "bad1", "Ann has 3 pens": "3"})
-    suggest = refine.CallableCritic(lambda exs, hyps: [NO_HINT if h == e.z else f"Use {e.z}." for e, h in
+    suggest = critics.CallableCritic(lambda exs, hyps: [NO_HINT if h == e.z else f"Use {e.z}." for e, h in
                                                        zip(exs, hyps)])
     shown = []
     # Problem 1: Enter takes the suggestion "Use g1." -> g1; "ok" accepts. Then a typed problem without gold:
@@ -262,7 +262,7 @@ def test_interactive_session_loads_a_run_directory(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text(config.to_json())
     for stage in ("warmup", "refiner", "critic"):
         (tmp_path / stage / "export").mkdir(parents=True)
-    monkeypatch.setattr(refine.RunInfo, "tokenizer", lambda self: None)
+    monkeypatch.setattr(text_model.RunInfo, "tokenizer", lambda self: None)
     test = get_task("mwp", **config.task.options).load("test")
     loaded = []
 
@@ -274,7 +274,7 @@ def test_interactive_session_loads_a_run_directory(tmp_path, monkeypatch):
                 "score": lambda self, texts, targets: [0.0] * len(texts)})()
         return FixingGenerator({ex.x: ex.z for ex in test})
 
-    monkeypatch.setattr(refine, "load_text_model", fake_load)
+    monkeypatch.setattr(text_model, "load_text_model", fake_load)
     shown = []
     [traj] = critic_tool.interactive_session(str(tmp_path), turns=2, ask=_scripted(["2", "", "q"]),
                                              show=shown.append)

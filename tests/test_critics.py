@@ -3,7 +3,7 @@ the calibrated "No hint" threshold and the within-problem AUROC."""
 import numpy as np
 import pytest
 
-from refiner_jax import evaluate, refine
+from refiner_jax import critics, evaluate
 from refiner_jax.tasks import get_task
 from refiner_jax.tasks.base import NO_HINT, Example
 
@@ -34,7 +34,7 @@ def test_solver_critic_compares_against_its_own_solution():
     model = FakeSolver({"question a": GOLD, "question b": "#0: multiply ( number0"},
                        {("question a", GOLD): -1.0, ("question a", wrong_op): -4.0, ("question a", "number0"): -0.5,
                         ("question b", "#0: multiply ( number0"): -2.0})
-    critic = refine.SolverCritic(model, task)
+    critic = critics.SolverCritic(model, task)
     hypotheses = [GOLD, rewrite, wrong_op, "number0", wrong_op]
     examples = [a, a, a, a, b]
     assert critic.feedback(examples, hypotheses) == [
@@ -45,7 +45,7 @@ def test_solver_critic_compares_against_its_own_solution():
     np.testing.assert_allclose(critic.confidence(examples, hypotheses), [0.0, 0.0, -3.0, 0.5, 0.0])
     assert model.decoded == ["question a", "question b"]  # each question solved once, then reused
     # A calibrated threshold above the confidence of "number0" makes the critic object to it too.
-    strict = refine.SolverCritic(model, task, threshold=1.0)
+    strict = critics.SolverCritic(model, task, threshold=1.0)
     assert strict.feedback([a], ["number0"]) == ["An operator is missing."]
     with pytest.raises(ValueError, match="2 problems but 1 hypotheses"):
         critic.feedback([a, b], [GOLD])
@@ -63,7 +63,7 @@ def test_model_critic_threshold_decides_no_hint():
         def critic_input(self, ex, h):
             return f"{ex.x} {h}"
 
-    critic = refine.ModelCritic(Fixed(), Task(), threshold=-1.0)
+    critic = critics.ModelCritic(Fixed(), Task(), threshold=-1.0)
     examples = [Example("0", "a", "", ""), Example("1", "b", "", "")]
     assert critic.feedback(examples, ["z", "z"]) == [NO_HINT, "The operator in #0 is incorrect."]
     np.testing.assert_allclose(critic.confidence(examples, ["z", "z"]), [-0.2, -3.0])
@@ -158,7 +158,7 @@ def test_solver_critic_votes_its_reference_among_samples():
             return [[mul, "#0: multiply ( number1, number0 )", mul, "not a formula"] for _ in texts]
 
     # Greedy answer 5 (add), samples 6, 6, 6 and none: 6 wins 3 votes to 1 of 5, and its first formula is z_c.
-    critic = refine.SolverCritic(Sampler({"question a": add}, {("question a", add): -0.1}), task, threshold=-0.5,
+    critic = critics.SolverCritic(Sampler({"question a": add}, {("question a", add): -0.1}), task, threshold=-0.5,
                                  samples=4)
     hypotheses = [add, "#0: multiply ( number1, number0 )", "#0: subtract ( number1, number0 )"]
     # add: (1 - 3) / 5 = -0.4; the commuted product agrees with z_c: 0; subtract (answer 1, no votes): -3 / 5.

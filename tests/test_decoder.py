@@ -16,7 +16,7 @@ from flax.linen import meta
 from refiner_jax.models import hf_decoder
 from refiner_jax.models.decoder import (Decoder, DecoderConfig, decode_step, greedy_generate, init_cache, prefill,
                                         preset, rope_frequencies)
-from refiner_jax.models.t5 import param_count
+from refiner_jax.models.layers import param_count
 from refiner_jax.sharding import DEFAULT_RULES
 
 torch = pytest.importorskip("torch")

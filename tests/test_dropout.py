@@ -1,4 +1,4 @@
-"""The hash-based dropout of `models.t5` against what dropout must be: Bernoulli(1 - rate) keeps, scaled by
+"""The hash-based dropout of `models.layers` against what dropout must be: Bernoulli(1 - rate) keeps, scaled by
 1 / (1 - rate), independent across elements, calls and keys, and a pure function of the key."""
 import flax.linen as nn
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from refiner_jax.models.t5 import Dropout
+from refiner_jax.models.layers import Dropout
 
 
 def _apply(rate, x, key, deterministic=False):

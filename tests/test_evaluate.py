@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from refiner_jax import evaluate, refine
+from refiner_jax import critics, evaluate, refine, text_model
 from refiner_jax.tasks import get_task
 from refiner_jax.tasks.base import NO_HINT, Example, Feedback, StepError
 
@@ -269,12 +269,12 @@ def test_critic_quality_ignores_sentence_order_on_mwp():
             out.append(" ".join(reversed(sentences)))
         return out
 
-    quality = evaluate.critic_quality(task, refine.CallableCritic(reversed_oracle), examples, bootstrap_samples=50)
+    quality = evaluate.critic_quality(task, critics.CallableCritic(reversed_oracle), examples, bootstrap_samples=50)
     assert quality["feedback_em"]["all"]["mean"] == 1.0
     assert quality["has_error"]["precision"] == 1.0 and quality["has_error"]["recall"] == 1.0
     assert sum(v["n"] for k, v in quality["feedback_em"].items() if k == "no_error") > 0
     # A critic that always says No hint: EM only on the unchanged hypotheses; it never flags an error.
-    silent = evaluate.critic_quality(task, refine.CallableCritic(lambda e, h: ["No hint"] * len(e)), examples,
+    silent = evaluate.critic_quality(task, critics.CallableCritic(lambda e, h: ["No hint"] * len(e)), examples,
                                      bootstrap_samples=50)
     assert silent["feedback_em"]["no_error"]["mean"] == 1.0
     assert silent["feedback_em"]["operator"]["mean"] == 0.0
@@ -282,7 +282,7 @@ def test_critic_quality_ignores_sentence_order_on_mwp():
     assert quality["auroc"] is None  # a plain callable has no confidence to rank by
 
     class ConfidentOracle:  # the oracle's feedback, and a "No hint" log-probability of 0 when right, -5 when wrong
-        feedback = staticmethod(refine.OracleCritic(task).feedback)
+        feedback = staticmethod(critics.OracleCritic(task).feedback)
 
         @staticmethod
         def confidence(exs, hyps):
@@ -352,14 +352,14 @@ def test_evaluate_run_writes_reports(tmp_path, monkeypatch):
     (workdir / "critic" / "DONE").write_text(json.dumps({"best_step": 10, "feedback_em": 0.9}))
     (workdir / "config.json").write_text(json.dumps(config))
     (workdir / "metrics.jsonl").write_text(json.dumps({"stage": "critic", "step": 5, "loss": 2.0}) + "\n")
-    monkeypatch.setattr(refine.RunInfo, "tokenizer", lambda self: None)
+    monkeypatch.setattr(text_model.RunInfo, "tokenizer", lambda self: None)
     loaded = []
 
     def fake_load(stage_dir, tokenizer, max_input, max_output, bucket=16, batch_size=64, mesh=None):
         loaded.append((os.path.basename(stage_dir), max_input, max_output, batch_size))
         return _MWPFakeModel(examples, os.path.basename(stage_dir))
 
-    monkeypatch.setattr(refine, "load_text_model", fake_load)
+    monkeypatch.setattr(text_model, "load_text_model", fake_load)
     results = evaluate.evaluate_run(str(workdir))
     assert sorted(loaded) == [("critic", 64, 32, 8), ("refiner", 64, 32, 8)]
     rows = {r["key"]: r["metrics"]["equation_em_canonical"]["mean"] for r in results["rows"]}
@@ -388,7 +388,7 @@ def test_evaluate_run_without_generator_names_the_fix(tmp_path):
 @pytest.mark.parametrize("text,stop", [("No hint", True), ("no hint", True), ("  No   hint. ", True),
                                        ("NO HINT!", True), ("No hints", False), ("Use g1.", False), ("", False)])
 def test_no_hint_in_any_spelling_stops_refinement(text, stop):
-    critic = refine.CallableCritic(lambda examples, hypotheses: [text] * len(examples))
+    critic = critics.CallableCritic(lambda examples, hypotheses: [text] * len(examples))
     trajectory = refine.refine(ToyGenerator(), critic, ToyTask(), EXAMPLES[1:2], turns=2)[0]
     assert trajectory.feedback == ([text] if stop else [text, text])
     assert len(trajectory.hypotheses) == (1 if stop else 3)
@@ -396,7 +396,7 @@ def test_no_hint_in_any_spelling_stops_refinement(text, stop):
 
 
 def test_a_critic_that_skips_hypotheses_is_an_error():
-    critic = refine.CallableCritic(lambda examples, hypotheses: ["Use g1."] * (len(examples) - 1))
+    critic = critics.CallableCritic(lambda examples, hypotheses: ["Use g1."] * (len(examples) - 1))
     with pytest.raises(ValueError, match="returned 3 feedback texts for 4 hypotheses"):
         refine.refine(ToyGenerator(), critic, ToyTask(), EXAMPLES, turns=1)
 
@@ -413,14 +413,14 @@ class _EchoModel:
 
 def test_model_critic_takes_question_strings():
     task = get_task("mwp")
-    critic = refine.ModelCritic(_EchoModel(), task)
+    critic = critics.ModelCritic(_EchoModel(), task)
     questions = ["Tom has 3 apples and buys 5 more. How many apples does he have?", "Ann has 9 pens."]
     got = critic.feedback(questions, ["#0: 3 + 5", "#0: 9 - 1"])
     want = [task.critic_input(Example("any", q, "", ""), h) for q, h in zip(questions, ["#0: 3 + 5", "#0: 9 - 1"])]
     assert got == [f"saw <{w}>" for w in want]
     with pytest.raises(ValueError, match="2 problems but 1 hypotheses"):
         critic.feedback(questions, ["#0: 3 + 5"])
-    moral = refine.ModelCritic(_EchoModel(), get_task("moral_stories"))
+    moral = critics.ModelCritic(_EchoModel(), get_task("moral_stories"))
     with pytest.raises(ValueError, match=r"reads the gold \['y'\].*pass Example objects"):
         moral.feedback(["A story."], ["a norm"])
 
@@ -430,19 +430,19 @@ def test_text_model_log_probs_follow_each_text_across_batches_and_padding():
     sampler's for that prompt run alone."""
     import jax
 
-    from refiner_jax import sampling
+    from refiner_jax.models import t5_sampling
     from refiner_jax.models.t5 import T5, preset
     from refiner_jax.tokenizers import ByteTokenizer
 
     tok = ByteTokenizer()
     config = preset("t5-tiny", vocab_size=tok.vocab_size)
     params = T5(config).init(jax.random.key(0), np.ones((1, 8), np.int32), np.ones((1, 8), np.int32))["params"]
-    model = refine.TextModel(config, params, tok, max_input=16, max_output=6, bucket=16, batch_size=2)
+    model = text_model.TextModel(config, params, tok, max_input=16, max_output=6, bucket=16, batch_size=2)
     texts = ["first problem", "a second", "third one here"]
     outputs, log_probs = model.generate_with_log_probs(texts)
     assert log_probs.shape == (3, 1) and [o[0] for o in outputs] == model.greedy(texts)
     for text, lp in zip(texts, log_probs[:, 0]):
-        alone = sampling.sample_t5(params, tok.encode_batch([text], 16, pad_to=16), jax.random.key(0), config=config,
-                                   num_samples=1, max_new_tokens=6, temperature=0.0)
+        alone = t5_sampling.sample_t5(params, tok.encode_batch([text], 16, pad_to=16), jax.random.key(0), config=config,
+                                      num_samples=1, max_new_tokens=6, temperature=0.0)
         np.testing.assert_allclose(lp, float(alone.log_prob[0, 0]), rtol=1e-5, atol=1e-5)
     assert len(set(np.round(log_probs[:, 0], 4))) == 3

@@ -13,7 +13,7 @@ from flax.linen import meta
 from refiner_jax.models.base import LanguageModel, config_from_dict
 from refiner_jax.models.decoder import preset as decoder_preset
 from refiner_jax.models.t5 import preset as t5_preset
-from refiner_jax.refine import TextModel, load_text_model
+from refiner_jax.text_model import TextModel, load_text_model
 from refiner_jax.tokenizers import ByteTokenizer
 from refiner_jax.training import config as config_lib
 from refiner_jax.training import pipeline
@@ -74,6 +74,59 @@ def test_decoder_pair_loss_ignores_prompt_tokens():
     logits, targets, weights = lm.target_logits(module, params, batch)
     nll = -np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), np.asarray(targets)[..., None], -1)[..., 0]
     np.testing.assert_allclose(float(loss_sum), (nll * np.asarray(weights)).sum(), rtol=1e-5)
+
+
+def test_packed_pair_batch_layout_by_hand():
+    """First fit by decreasing length into rows of input_len + target_len; rows rounded up to the multiple."""
+    lm = LanguageModel(decoder_preset("gpt2-tiny"))
+    prompts, targets = [[5, 1], [6, 6, 6, 1], [7, 1], [8, 1]], [[2, 1], [3, 1], [4, 4, 1], [9, 1]]
+    batch = lm.pair_batch(prompts, targets, 4, 3, 1, pack=1)  # lengths 4, 6, 5, 4 into rows of 7
+    assert set(batch) == {"tokens", "segments", "weights"}
+    np.testing.assert_array_equal(batch["tokens"], [[6, 6, 6, 1, 3, 1, 0], [7, 1, 4, 4, 1, 0, 0],
+                                                    [5, 1, 2, 1, 0, 0, 0], [8, 1, 9, 1, 0, 0, 0]])
+    np.testing.assert_array_equal(batch["segments"], [[1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 0, 0],
+                                                      [1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0]])
+    two = lm.pair_batch([[5, 1], [7, 1], [8, 1]], [[2, 1], [4, 1], [9, 1]], 4, 4, 1, pack=2)  # 4 + 4 fit in 8
+    np.testing.assert_array_equal(two["tokens"], [[5, 1, 2, 1, 7, 1, 4, 1], [8, 1, 9, 1, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(two["segments"], [[1, 1, 1, 1, 2, 2, 2, 2], [1, 1, 1, 1, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(two["weights"], [[0, 0, 1, 1, 0, 0, 1, 1], [0, 0, 1, 1, 0, 0, 0, 0]])
+    many = lm.pair_batch([[5, 1]] * 34, [[2, 1]] * 34, 4, 4, 1, pack=1)  # 17 rows needed: a multiple of 34 // 8
+    assert many["tokens"].shape == (20, 8) and many["segments"].max() == 2
+    sharded = lm.pair_batch([[5, 1]] * 32, [[2, 1]] * 32, 4, 4, 1, pack=8)  # 16 rows: a multiple of 8 devices
+    assert sharded["tokens"].shape == (16, 8)
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "gpt2-tiny"])
+def test_packed_loss_and_gradients_equal_one_pair_per_row(name):
+    """Several pairs in one row (segment-restricted attention, positions restarting per pair) give each pair's
+    logits, the summed loss and its gradient exactly as one padded pair per row does (rotary and learned
+    positions)."""
+    tok = ByteTokenizer()
+    config = decoder_preset(name, vocab_size=384, pad_id=tok.pad_id, eos_id=tok.eos_id, bos_id=None)
+    lm = LanguageModel(config)
+    module = lm.module()
+    params = meta.unbox(module.init(jax.random.key(1), *lm.init_args())["params"])
+    rng = np.random.default_rng(0)
+    prompts = [tok.encode("".join(rng.choice(list("abc +1"), n))) for n in (3, 9, 1, 14, 6, 2, 5, 11)]
+    targets = [tok.encode("".join(rng.choice(list("xyz=2"), n))) for n in (2, 4, 7, 1, 3, 5, 2, 6)]
+    loss = pair_loss(lm, module)
+    results = []
+    for pack in (0, 2):
+        batch = {k: jnp.asarray(v) for k, v in lm.pair_batch(prompts, targets, 16, 8, tok.eos_id, pack).items()}
+        (value, sums), grads = jax.value_and_grad(loss, has_aux=True)(params, batch, None)
+        results.append((batch, float(value), float(sums["tokens"]), grads))
+    (padded, loss0, tokens0, grads0), (packed, loss1, tokens1, grads1) = results
+    assert packed["tokens"].shape[0] < padded["tokens"].shape[0] and packed["segments"].max() >= 2
+    assert tokens0 == tokens1
+    np.testing.assert_allclose(loss1, loss0, rtol=1e-5)
+    for a, b in zip(jax.tree_util.tree_leaves(grads0), jax.tree_util.tree_leaves(grads1)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
+    # Per pair: the target tokens' log-probs in the packed rows equal those of the pair's own padded row.
+    def target_log_probs(batch):
+        logits, tgt, w = lm.target_logits(module, params, batch)
+        lp = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), np.asarray(tgt)[..., None], -1)[..., 0]
+        return sorted(np.round(lp[np.asarray(w) > 0], 5).tolist())
+    np.testing.assert_allclose(target_log_probs(packed), target_log_probs(padded), atol=2e-5)
 
 
 def test_config_round_trip_keeps_tuples():

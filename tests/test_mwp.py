@@ -133,8 +133,9 @@ def test_parser_accepts_spacing_spelling_and_end_marker():
         parsed = mwp.parse_formula(text)
         assert parsed.ok and not parsed.formula.steps and mwp.format_formula(parsed.formula) == leaf
     assert mwp.format_formula(mwp.parse_formula(G2 + " EOS").formula) == G2
-    for text in ("", " | ", "EOS", "number0 <END> EOS", "#1: add ( number0, number1 )", "#0: power ( number0, number1 )",
-                 "#0: add ( number0 )", "#0: add ( number0, x )", "#0: add ( number0, number1 ) extra",
+    for text in ("", " | ", "EOS", "number0 <END> EOS", "#1: add ( number0, number1 )",
+                 "#0: power ( number0, number1 )", "#0: add ( number0 )", "#0: add ( number0, x )",
+                 "#0: add ( number0, number1 ) extra",
                  "#0: add ( number0, number1 ) | #0: add ( #0, number1 )", "#3", None, 7):
         parsed = mwp.parse_formula(text)
         assert not parsed.ok and parsed.error

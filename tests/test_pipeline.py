@@ -279,21 +279,21 @@ def test_all_stages_run_skip_and_resume(tmp_path, capsys):
 
 
 def test_solve_mode_critic_trains_on_fresh_problems_and_is_calibrated(tmp_path):
-    from refiner_jax import refine
+    from refiner_jax import critics, text_model
 
     c = tiny_config()
     c.critic.mode, c.critic.fresh_problems, c.critic.calibration_examples = "solve", 64, 12
     workdir = str(tmp_path / "run")
     results = pipeline.run(c, workdir, stages=("warmup", "critic"))
     assert 0.0 <= results["critic"]["paired_auroc"] <= 1.0 and "feedback_em/any_error" in results["critic"]
-    calibration = json.load(open(os.path.join(workdir, "critic", refine.CALIBRATION_FILE)))
+    calibration = json.load(open(os.path.join(workdir, "critic", critics.CALIBRATION_FILE)))
     assert calibration["generator"] == "warmup" and calibration["n"] == 12
     assert calibration["after"] >= calibration["before"]  # "never intervene" is one of the candidate thresholds
-    critic = refine.load_critic(workdir)
-    assert isinstance(critic, refine.SolverCritic) and critic.threshold == calibration["threshold"]
+    critic = critics.load_critic(workdir)
+    assert isinstance(critic, critics.SolverCritic) and critic.threshold == calibration["threshold"]
     assert critic.model.max_input == c.lengths.input and critic.model.max_output == c.lengths.target
     # The critic learned x -> z* on train plus the fresh problems: one epoch is (256 + 64) / 8 = 40 steps.
-    task = refine.RunInfo.load(workdir).task()
+    task = text_model.RunInfo.load(workdir).task()
     assert len(task.fresh_problems(64)) == 64
     feedback = critic.feedback(task.load("val")[:4], ["#0: add ( number0, number1 )"] * 4)
     assert len(feedback) == 4 and all(isinstance(f, str) and f for f in feedback)
@@ -301,7 +301,7 @@ def test_solve_mode_critic_trains_on_fresh_problems_and_is_calibrated(tmp_path):
 
 def test_model_critic_prefers_no_hint_when_it_is_the_more_likely_sequence():
     """Greedy commits to the shared first token of the error sentences; the critic compares whole sequences."""
-    from refiner_jax.refine import ModelCritic
+    from refiner_jax.critics import ModelCritic
 
     table = {("a", "No hint"): -0.5, ("a", "The operator in #0 is incorrect."): -0.9,
              ("b", "No hint"): -2.0, ("b", "The operator in #0 is incorrect."): -0.3}
@@ -329,7 +329,7 @@ def test_model_critic_prefers_no_hint_when_it_is_the_more_likely_sequence():
     ("refiner_mwp.py", None, ""), ("refiner_mwp.py", "svamp", "svamp/mawps-asdiv-a_svamp"),
     ("refiner_mwp.py", "paper", "svamp/mawps-asdiv-a_svamp"), ("refiner_snlr.py", None, ""),
     ("refiner_snlr.py", "released", "refiner/srn"), ("refiner_moral.py", None, "refiner/moral_stories"),
-    ("refiner_mwp.py", "decoder", ""), ("rm_mwp.py", None, ""), ("rm_mwp.py", "small", ""), ("rm_gsm8k.py", None, "gsm8k"),
+    ("refiner_mwp.py", "t5", ""), ("rm_mwp.py", None, ""), ("rm_mwp.py", "small", ""), ("rm_gsm8k.py", None, "gsm8k"),
     ("rm_gsm8k.py", "paper", "gsm8k")])
 def test_shipped_configs_are_valid(monkeypatch, path, variant, data):
     import importlib.util

@@ -12,6 +12,7 @@ from _helpers import compilations
 from flax.linen import meta
 
 from refiner_jax import sampling
+from refiner_jax.models import t5_sampling
 from refiner_jax.models.t5 import T5, T5Config
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -223,8 +224,8 @@ def params():
 
 @pytest.fixture(scope="module")
 def greedy(params):
-    return sampling.sample_t5(params, PROMPTS, jax.random.key(0), config=CONFIG, max_new_tokens=MAX_NEW,
-                              temperature=0.0)
+    return t5_sampling.sample_t5(params, PROMPTS, jax.random.key(0), config=CONFIG, max_new_tokens=MAX_NEW,
+                                 temperature=0.0)
 
 
 def _recompute_greedy(params, prompts, max_new_tokens):
@@ -278,8 +279,8 @@ def test_t5_greedy_on_bucket_padded_prompts_equals_transformers_generate(params,
         ref_tokens = ref.sequences[:, 1:].numpy()  # drop the start token; rows padded with 0 after EOS
         steps = ref_tokens.shape[1]
         ref_tokens = np.pad(ref_tokens, ((0, 0), (0, MAX_NEW - steps)))
-        out = sampling.sample_t5(params, padded, jax.random.key(0), config=CONFIG, max_new_tokens=MAX_NEW,
-                                 temperature=0.0, min_new_tokens=min_new)
+        out = t5_sampling.sample_t5(params, padded, jax.random.key(0), config=CONFIG, max_new_tokens=MAX_NEW,
+                                    temperature=0.0, min_new_tokens=min_new)
         np.testing.assert_array_equal(out.tokens[:, 0], ref_tokens)
         # Model log-probs of the chosen tokens, from the reference's raw logits.
         ref_lp = np.stack([torch.log_softmax(step.float(), -1).numpy() for step in ref.logits], 1)  # [b, steps, V]
@@ -297,14 +298,14 @@ def test_t5_greedy_on_bucket_padded_prompts_equals_transformers_generate(params,
 def test_t5_samples_differ_are_deterministic_and_knobs_do_not_recompile(params):
     kwargs = dict(config=CONFIG, max_new_tokens=MAX_NEW, num_samples=4)
     with compilations() as compiles:
-        a = sampling.sample_t5(params, PROMPTS, jax.random.key(1), temperature=1.0, top_p=0.95, **kwargs)
+        a = t5_sampling.sample_t5(params, PROMPTS, jax.random.key(1), temperature=1.0, top_p=0.95, **kwargs)
         assert compiles  # the listener sees compilations (a first call with these shapes compiles)
         compiles.clear()
-        b = sampling.sample_t5(params, PROMPTS, jax.random.key(1), temperature=1.0, top_p=0.95, **kwargs)
-        c = sampling.sample_t5(params, PROMPTS, jax.random.key(2), temperature=1.0, top_p=0.95, **kwargs)
+        b = t5_sampling.sample_t5(params, PROMPTS, jax.random.key(1), temperature=1.0, top_p=0.95, **kwargs)
+        c = t5_sampling.sample_t5(params, PROMPTS, jax.random.key(2), temperature=1.0, top_p=0.95, **kwargs)
         for knobs in (dict(temperature=0.7, top_p=0.5), dict(temperature=1.3, top_k=5), dict(temperature=0.0),
                       dict(temperature=0.9, top_k=3, top_p=0.8, min_new_tokens=4)):
-            sampling.sample_t5(params, PROMPTS, jax.random.key(3), **knobs, **kwargs)
+            t5_sampling.sample_t5(params, PROMPTS, jax.random.key(3), **knobs, **kwargs)
     assert compiles == []  # no XLA compilation after the first call
     assert a.tokens.shape == (4, 4, MAX_NEW) and a.log_prob.shape == (4, 4)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
@@ -317,17 +318,17 @@ def test_t5_samples_differ_are_deterministic_and_knobs_do_not_recompile(params):
 def test_t5_row_chunks_leave_greedy_outputs_unchanged(params, greedy):
     """Decoding the batch as groups of prompts, one loop per group, gives the one-loop result row for row."""
     for chunks in (2, 4):
-        out = sampling.sample_t5(params, PROMPTS, jax.random.key(0), config=CONFIG, max_new_tokens=MAX_NEW,
-                                 temperature=0.0, row_chunks=chunks)
+        out = t5_sampling.sample_t5(params, PROMPTS, jax.random.key(0), config=CONFIG, max_new_tokens=MAX_NEW,
+                                    temperature=0.0, row_chunks=chunks)
         np.testing.assert_array_equal(out.tokens, greedy.tokens)
         np.testing.assert_array_equal(out.lengths, greedy.lengths)
         np.testing.assert_allclose(out.token_log_probs, greedy.token_log_probs, atol=1e-5)
     kwargs = dict(config=CONFIG, max_new_tokens=MAX_NEW, temperature=1.0, top_p=0.9, row_chunks=2)
-    a = sampling.sample_t5(params, PROMPTS, jax.random.key(5), **kwargs)
-    b = sampling.sample_t5(params, PROMPTS, jax.random.key(5), **kwargs)
+    a = t5_sampling.sample_t5(params, PROMPTS, jax.random.key(5), **kwargs)
+    b = t5_sampling.sample_t5(params, PROMPTS, jax.random.key(5), **kwargs)
     np.testing.assert_array_equal(a.tokens, b.tokens)
     with pytest.raises(ValueError, match="row_chunks=3 must be a positive divisor of the batch size 4"):
-        sampling.sample_t5(params, PROMPTS, jax.random.key(0), config=CONFIG, max_new_tokens=MAX_NEW, row_chunks=3)
+        t5_sampling.sample_t5(params, PROMPTS, jax.random.key(0), config=CONFIG, max_new_tokens=MAX_NEW, row_chunks=3)
 
 
 def _mesh_report() -> dict:
@@ -340,9 +341,9 @@ def _mesh_report() -> dict:
     mesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     kwargs = dict(config=CONFIG, max_new_tokens=MAX_NEW)
     report = {}
-    greedy = sampling.sample_t5(params, prompts, jax.random.key(0), temperature=0.0, **kwargs)
-    split = sampling.sample_t5(jax.device_put(params, NamedSharding(mesh, P())), prompts, jax.random.key(0),
-                               temperature=0.0, mesh=mesh, **kwargs)
+    greedy = t5_sampling.sample_t5(params, prompts, jax.random.key(0), temperature=0.0, **kwargs)
+    split = t5_sampling.sample_t5(jax.device_put(params, NamedSharding(mesh, P())), prompts, jax.random.key(0),
+                                  temperature=0.0, mesh=mesh, **kwargs)
     report["greedy_equal"] = bool(np.array_equal(greedy.tokens, split.tokens)
                                   and np.array_equal(greedy.lengths, split.lengths))
     # Products over 2 rows instead of 8 may round differently: compared relative to the log-prob's size.
@@ -352,34 +353,35 @@ def _mesh_report() -> dict:
     report["tokens_spec"] = str(split.tokens.sharding.spec)
     report["rows_per_shard"] = sorted({s.data.shape[0] for s in split.tokens.addressable_shards})
     sampled = dict(temperature=1.0, top_p=0.9, num_samples=3, **kwargs)
-    a = sampling.sample_t5(params, prompts, jax.random.key(7), mesh=mesh, **sampled)
+    a = t5_sampling.sample_t5(params, prompts, jax.random.key(7), mesh=mesh, **sampled)
     compiles = []
     listener = lambda event, _duration, **_: compiles.append(event) if event.endswith("backend_compile_duration") \
         else None
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
-        b = sampling.sample_t5(params, prompts, jax.random.key(7), mesh=mesh, **sampled)
-        sampling.sample_t5(params, prompts, jax.random.key(8), mesh=mesh, **dict(sampled, temperature=0.7, top_p=0.5))
+        b = t5_sampling.sample_t5(params, prompts, jax.random.key(7), mesh=mesh, **sampled)
+        t5_sampling.sample_t5(params, prompts, jax.random.key(8), mesh=mesh,
+                              **dict(sampled, temperature=0.7, top_p=0.5))
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     report["recompiles"] = len(compiles)
     report["sampled_repeat_equal"] = bool(np.array_equal(a.tokens, b.tokens))
     # Device i (row-major over the mesh) samples its two prompts as an unsplit call with key fold_in(key, i).
     report["sampled_per_device_equal"] = [
-        bool(np.array_equal(np.asarray(a.tokens)[2 * i:2 * i + 2], sampling.sample_t5(
+        bool(np.array_equal(np.asarray(a.tokens)[2 * i:2 * i + 2], t5_sampling.sample_t5(
             params, prompts[2 * i:2 * i + 2], jax.random.fold_in(jax.random.key(7), i), **sampled).tokens))
         for i in range(4)]
     with pytest.raises(ValueError) as error:
-        sampling.sample_t5(params, prompts[:6], jax.random.key(0), mesh=mesh, **kwargs)
+        t5_sampling.sample_t5(params, prompts[:6], jax.random.key(0), mesh=mesh, **kwargs)
     report["bad_batch_error"] = str(error.value)
     report.update(_text_model_mesh_report(mesh))
     return report
 
 
 def _text_model_mesh_report(mesh) -> dict:
-    """`refine.TextModel` with a mesh: its batches of 3 texts padded to 4 rows and split over the 4 devices, against
+    """`text_model.TextModel` with a mesh: its batches of 3 texts padded to 4 rows and split over the 4 devices, against
     the same model on one device."""
-    from refiner_jax import refine
+    from refiner_jax import text_model
     from refiner_jax.models.t5 import T5, preset
     from refiner_jax.tokenizers import ByteTokenizer
 
@@ -387,10 +389,10 @@ def _text_model_mesh_report(mesh) -> dict:
     config = preset("t5-tiny", vocab_size=tok.vocab_size, num_layers=1)
     params = T5(config).init(jax.random.key(1), np.ones((1, 8), np.int32), np.ones((1, 8), np.int32))["params"]
     texts = ["first problem", "a second", "third one here", "four", "and the fifth"]
-    one = refine.TextModel(config, params, tok, max_input=16, max_output=6, batch_size=3)
-    split = refine.TextModel(config, params, tok, max_input=16, max_output=6, batch_size=3, mesh=mesh)
+    one = text_model.TextModel(config, params, tok, max_input=16, max_output=6, batch_size=3)
+    split = text_model.TextModel(config, params, tok, max_input=16, max_output=6, batch_size=3, mesh=mesh)
     calls = []
-    sample_t5 = sampling.sample_t5
+    sample_t5 = t5_sampling.sample_t5
 
     def recording(params, prompts, rng, **kwargs):
         out = sample_t5(params, prompts, rng, **kwargs)
@@ -398,13 +400,13 @@ def _text_model_mesh_report(mesh) -> dict:
         calls.append((prompts.shape[0], len(out.tokens.sharding.device_set), sorted(replicated_on)))
         return out
 
-    sampling.sample_t5 = recording
+    t5_sampling.sample_t5 = recording
     try:
         want, want_lp = one.generate_with_log_probs(texts)
         got, got_lp = split.generate_with_log_probs(texts)
         sampled = split.generate(texts, num_samples=2, temperature=1.0, top_p=0.9, rng=jax.random.key(3))
     finally:
-        sampling.sample_t5 = sample_t5
+        t5_sampling.sample_t5 = sample_t5
     return {"text_model_greedy_equal": got == want,
             "text_model_log_prob_diff": float(np.abs(got_lp - want_lp).max()),
             "text_model_calls": calls,
@@ -428,7 +430,7 @@ def test_t5_split_over_a_mesh_equals_unsplit_calls_per_device(mesh_report):
 
 
 def test_text_model_splits_its_batches_over_a_mesh(mesh_report):
-    """`refine.TextModel(mesh=...)` pads each batch of 3 texts to 4 rows, one per device, and generates what the
+    """`text_model.TextModel(mesh=...)` pads each batch of 3 texts to 4 rows, one per device, and generates what the
     same model does on one device."""
     r = mesh_report
     assert r["text_model_greedy_equal"] and r["text_model_log_prob_diff"] < 1e-4, r
@@ -445,12 +447,12 @@ def test_auto_row_chunks_only_splits_large_decode_state_of_small_models_on_cpu()
     # t5-tiny: 2.29 MB of decoder weights (LM head included); each prompt of 128 tokens + 64 new ones caches
     # 2 layers x (K, V) x 4 heads x 32 x 192 floats = 393 KB. With 8 rows that is 5.4 MB, under the 8 MiB budget;
     # 16 rows (8.6 MB) are over it.
-    assert [sampling.auto_row_chunks(tiny, b, 128, 1, 64, "cpu") for b in (8, 16, 32, 128)] == [1, 2, 4, 16]
-    assert sampling.auto_row_chunks(tiny, 24, 128, 1, 64, "cpu") == 2  # 12 rows: 7.0 MB
-    assert sampling.auto_row_chunks(tiny, 25, 128, 1, 64, "cpu") == 1  # over budget, but no even split
-    assert sampling.auto_row_chunks(tiny, 32, 128, 8, 64, "cpu") == 1  # samples share their prompt's state
-    assert sampling.auto_row_chunks(tiny, 32, 128, 1, 64, "gpu") == 1
-    assert sampling.auto_row_chunks(small, 128, 128, 1, 64, "cpu") == 1  # weights alone exceed the budget
+    assert [t5_sampling.auto_row_chunks(tiny, b, 128, 1, 64, "cpu") for b in (8, 16, 32, 128)] == [1, 2, 4, 16]
+    assert t5_sampling.auto_row_chunks(tiny, 24, 128, 1, 64, "cpu") == 2  # 12 rows: 7.0 MB
+    assert t5_sampling.auto_row_chunks(tiny, 25, 128, 1, 64, "cpu") == 1  # over budget, but no even split
+    assert t5_sampling.auto_row_chunks(tiny, 32, 128, 8, 64, "cpu") == 1  # samples share their prompt's state
+    assert t5_sampling.auto_row_chunks(tiny, 32, 128, 1, 64, "gpu") == 1
+    assert t5_sampling.auto_row_chunks(small, 128, 128, 1, 64, "cpu") == 1  # weights alone exceed the budget
 
 
 def test_bucket_sizes():

@@ -219,7 +219,8 @@ def test_mismatches_name_the_parameter(tmp_path):
     state = hf.state_dict_from_params(config, params)
     bad = dict(state)
     bad["encoder.block.1.layer.1.DenseReluDense.wi.weight"] = np.zeros((7, 32), np.float32)
-    with pytest.raises(ValueError, match=r"encoder\.block\.1\.layer\.1\.DenseReluDense\.wi\.weight.*encoder/layers_1/mlp/wi"):
+    with pytest.raises(ValueError,
+                       match=r"encoder\.block\.1\.layer\.1\.DenseReluDense\.wi\.weight.*encoder/layers_1/mlp/wi"):
         hf.params_from_state_dict(config, bad)
     missing = dict(state)
     del missing["decoder.final_layer_norm.weight"]
@@ -262,23 +263,23 @@ def test_bad_config_is_rejected_early():
 @pytest.mark.parametrize("bias_shape", [(2, 3, 5, 7), (1, 3, 5, 7), (2, 1, 1, 7)], ids=["full", "batch-1", "mask"])
 @pytest.mark.parametrize("rate", [0.0, 0.3])
 def test_attention_core_gradients_match_autodiff(bias_shape, rate):
-    # `_attend`'s hand-written backward pass (dropout mask recomputed from its seed) against autodiff of the same
+    # `attend`'s hand-written backward pass (dropout mask recomputed from its seed) against autodiff of the same
     # attention written with plain operations and the mask applied as a fixed scale.
-    from refiner_jax.models.t5 import _attend, _dropout
+    from refiner_jax.models.layers import attend, dropout
 
     keys = jax.random.split(jax.random.key(4), 5)
     q, k, v = (jax.random.normal(key, shape) for key, shape in zip(keys, [(2, 3, 5, 4), (2, 3, 7, 4), (2, 3, 7, 4)]))
     bias = jax.random.normal(keys[3], bias_shape)
     g = jax.random.normal(keys[4], (2, 3, 5, 4))
     seed = jnp.uint32(77) if rate else None
-    scale = _dropout(jnp.ones((2, 3, 5, 7)), seed, rate)
+    scale = dropout(jnp.ones((2, 3, 5, 7)), seed, rate)
     assert rate == 0.0 or 0 < int((scale == 0).sum()) < scale.size
 
     def reference(q, k, v, bias):
         weights = jax.nn.softmax(jnp.einsum("bhqd,bhkd->bhqk", q, k) + bias, axis=-1)
         return jnp.einsum("bhqk,bhkd->bhqd", weights * scale, v)
 
-    ours, ours_vjp = jax.vjp(lambda *a: _attend(*a, seed, rate), q, k, v, bias)
+    ours, ours_vjp = jax.vjp(lambda *a: attend(*a, seed, rate), q, k, v, bias)
     theirs, theirs_vjp = jax.vjp(reference, q, k, v, bias)
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
     for name, a, b in zip("q k v bias".split(), ours_vjp(g), theirs_vjp(g)):
@@ -287,15 +288,15 @@ def test_attention_core_gradients_match_autodiff(bias_shape, rate):
 
 
 def test_product_over_rows_copies_transposes_on_cpu_only():
-    # `_product_over_rows` (kernel gradients; attention's key and value gradients) against hand-worked products,
+    # `product_over_rows` (kernel gradients; attention's key and value gradients) against hand-worked products,
     # with either operand the narrower and with batch axes; the transposed copies that steer XLA:CPU to YNNPACK
     # must not reach GPU or TPU programs, whose libraries read a transposed operand for free.
-    from refiner_jax.models.t5 import _product_over_rows
+    from refiner_jax.models.layers import product_over_rows
 
     a = jnp.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])  # [rows 3, 2]
     b = jnp.array([[1.0, 0.0, 2.0], [0.0, 1.0, 0.0], [1.0, 1.0, 1.0]])  # [rows 3, 3]
     a_t_b = np.array([[6.0, 8.0, 7.0], [8.0, 10.0, 10.0]])
-    product = jax.jit(_product_over_rows)
+    product = jax.jit(product_over_rows)
     np.testing.assert_array_equal(product(a, b), a_t_b)
     np.testing.assert_array_equal(product(b, a), a_t_b.T)
     batched = product(jnp.stack([b, 2 * b]), jnp.stack([a, -a]))  # [2, 3, 2]

@@ -22,6 +22,7 @@ import numpy as np
 
 from refiner_jax import sampling
 from refiner_jax.models.decoder import Decoder, DecoderConfig
+from refiner_jax.models import t5_sampling
 from refiner_jax.models.decoder_sampling import sample_decoder
 from refiner_jax.models.t5 import T5, T5Config, shift_right
 
@@ -43,6 +44,24 @@ def _rows(ids: Sequence[Sequence[int]], length: int, eos_id: int) -> list[list[i
     return [list(r) if len(r) <= length else list(r[:length - 1]) + [eos_id] for r in ids]
 
 
+def _pack(prompts: list[list[int]], targets: list[list[int]], length: int, multiple: int) -> list[list[int]]:
+    """Pair indices per row: first fit by decreasing length into rows of `length` tokens, then empty rows up to a
+    multiple of `multiple` and of about len(pairs)/8 (never more rows than pairs)."""
+    b = len(prompts)
+    free: list[int] = []
+    rows: list[list[int]] = []
+    for i in sorted(range(b), key=lambda i: -(len(prompts[i]) + len(targets[i]))):
+        need = len(prompts[i]) + len(targets[i])
+        r = next((r for r, room in enumerate(free) if room >= need), len(rows))
+        if r == len(rows):
+            rows.append([])
+            free.append(length)
+        rows[r].append(i)
+        free[r] -= need
+    step = multiple * max(1, b // (8 * multiple))
+    return rows + [[] for _ in range(min(b, -(-len(rows) // step) * step) - len(rows))]
+
+
 @dataclasses.dataclass(frozen=True)
 class LanguageModel:
     """A T5 or decoder-only LM behind one interface (see the module docstring)."""
@@ -61,10 +80,15 @@ class LanguageModel:
         return (dummy, dummy) if self.family == "t5" else (dummy,)
 
     def pair_batch(self, prompts: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], input_len: int,
-                   target_len: int, eos_id: int) -> dict[str, np.ndarray]:
+                   target_len: int, eos_id: int, pack: int = 0) -> dict[str, np.ndarray]:
         """Token arrays for (prompt, target) id rows (each ending with EOS; pad id 0). T5: `inputs` [b, input_len],
         `targets` [b, target_len]. Decoder: `tokens` [b, input_len + target_len] = prompt then target, `mask` at
-        real tokens and `weights` at target tokens."""
+        real tokens and `weights` at target tokens.
+
+        `pack` > 0 (decoder only) packs the pairs, first fit by decreasing length, into rows of the same length
+        with `segments` (1, 2, ... per pair, 0 = padding) in place of `mask`; the row count is rounded up to a
+        multiple of `pack` and of about b/8, so a stage's train step compiles for a few row counts (at most eight).
+        A batch of pairs averaging 40% of the budget then takes about half the rows."""
         prompts, targets = _rows(prompts, input_len, eos_id), _rows(targets, target_len, eos_id)
         b = len(prompts)
         if self.family == "t5":
@@ -73,14 +97,22 @@ class LanguageModel:
             for i, (p, t) in enumerate(zip(prompts, targets)):
                 inputs[i, :len(p)], out[i, :len(t)] = p, t
             return {"inputs": inputs, "targets": out}
-        tokens = np.zeros((b, input_len + target_len), np.int32)
-        mask = np.zeros(tokens.shape, np.int32)
+        length = input_len + target_len
+        rows = _pack(prompts, targets, length, pack) if pack else [[i] for i in range(b)]
+        tokens = np.zeros((len(rows), length), np.int32)
+        segments = np.zeros(tokens.shape, np.int32)
         weights = np.zeros(tokens.shape, np.float32)
-        for i, (p, t) in enumerate(zip(prompts, targets)):
-            tokens[i, :len(p) + len(t)] = p + t
-            mask[i, :len(p) + len(t)] = 1
-            weights[i, len(p):len(p) + len(t)] = 1.0
-        return {"tokens": tokens, "mask": mask, "weights": weights}
+        for r, members in enumerate(rows):
+            at = 0
+            for s, i in enumerate(members, start=1):
+                p, t = prompts[i], targets[i]
+                tokens[r, at:at + len(p) + len(t)] = p + t
+                segments[r, at:at + len(p) + len(t)] = s
+                weights[r, at + len(p):at + len(p) + len(t)] = 1.0
+                at += len(p) + len(t)
+        if pack:
+            return {"tokens": tokens, "segments": segments, "weights": weights}
+        return {"tokens": tokens, "mask": (segments > 0).astype(np.int32), "weights": weights}
 
     def target_logits(self, module: nn.Module, params: Any, batch: dict, rng: jax.Array | None = None
                       ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -94,16 +126,17 @@ class LanguageModel:
             weights = batch["weights"] if "weights" in batch else (targets != 0).astype(jnp.float32)
             return logits, targets, weights
         tokens = batch["tokens"]
-        logits = module.apply({"params": params}, tokens, attention_mask=batch["mask"],
-                              deterministic=rng is None, rngs=rngs)
+        logits = module.apply({"params": params}, tokens, attention_mask=batch.get("mask"),
+                              segment_ids=batch.get("segments"), deterministic=rng is None, rngs=rngs)
         return logits[:, :-1], tokens[:, 1:], batch["weights"][:, 1:]
 
     def sample(self, params: Any, prompts: np.ndarray, rng: jax.Array, *, max_new_tokens: int, num_samples: int,
                temperature: float, top_p: float, mesh=None) -> sampling.SampleOutput:
         """Continuations `[b, num_samples, max_new_tokens]` of right-padded prompts [b, len] (pad id 0)."""
         if self.family == "t5":
-            return sampling.sample_t5(params, prompts, rng, config=self.config, num_samples=num_samples,
-                                      max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, mesh=mesh)
+            return t5_sampling.sample_t5(params, prompts, rng, config=self.config, num_samples=num_samples,
+                                         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                         mesh=mesh)
         return sample_decoder(params, prompts, rng, config=self.config, max_new_tokens=max_new_tokens,
                               num_samples=num_samples, temperature=temperature, top_p=top_p,
                               prompt_mask=prompts != 0, mesh=mesh)

@@ -34,9 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from refiner_jax.models.t5 import Dropout
+from refiner_jax.models.layers import MASK_VALUE, ConfigDtypes, Dropout, rms_norm
 
-_MASK_VALUE = -1e10  # added to masked attention logits (float32)
 _DTYPES = ("float32", "bfloat16", "float16")
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -44,7 +43,7 @@ Array = jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
-class DecoderConfig:
+class DecoderConfig(ConfigDtypes):
     """Architecture and numerics of a decoder-only LM. Hashable, so it can be a static jit argument.
 
     `num_kv_heads` and `head_dim` default (None) to `num_heads` and `d_model // num_heads`. Token ids come from the
@@ -106,17 +105,6 @@ class DecoderConfig:
     @property
     def eos_ids(self) -> tuple[int, ...]:
         return () if self.eos_id is None else tuple(np.atleast_1d(self.eos_id).tolist())
-
-    @property
-    def compute_dtype(self):
-        return jnp.dtype(self.dtype)
-
-    @property
-    def weight_dtype(self):
-        return jnp.dtype(self.param_dtype)
-
-    def replace(self, **changes) -> "DecoderConfig":
-        return dataclasses.replace(self, **changes)
 
 
 _GPT2 = dict(position="learned", norm="layernorm", norm_eps=1e-5, mlp="gelu", qkv_bias=True, out_bias=True,
@@ -196,13 +184,27 @@ def _positions(mask: Array) -> Array:
 
 def _bias(visible: Array) -> Array:
     """`[batch, q, k]` bool (True = attend) -> additive attention bias `[batch, 1, q, k]` (float32)."""
-    return jnp.where(visible, 0.0, _MASK_VALUE).astype(jnp.float32)[:, None]
+    return jnp.where(visible, 0.0, MASK_VALUE).astype(jnp.float32)[:, None]
 
 
 def _causal_bias(mask: Array) -> Array:
     """Bias `[batch, 1, len, len]` letting each token see itself and the earlier real tokens (`mask` [batch, len])."""
     length = mask.shape[1]
     return _bias(jnp.tril(jnp.ones((length, length), bool))[None] & mask[:, None, :])
+
+
+def _segment_positions(segments: Array) -> Array:
+    """Position ids `[batch, len]` counting from 0 at the first token of each run of equal `segments` ids."""
+    index = jnp.broadcast_to(jnp.arange(segments.shape[1]), segments.shape)
+    starts = jnp.concatenate([jnp.ones_like(segments[:, :1], bool), segments[:, 1:] != segments[:, :-1]], axis=1)
+    return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+
+
+def _segment_bias(segments: Array) -> Array:
+    """Bias `[batch, 1, len, len]`: each token sees itself and the earlier tokens of its own segment (id > 0)."""
+    length = segments.shape[1]
+    same = (segments[:, :, None] == segments[:, None, :]) & (segments[:, None, :] > 0)
+    return _bias(jnp.tril(jnp.ones((length, length), bool))[None] & same)
 
 
 class Norm(nn.Module):
@@ -214,10 +216,9 @@ class Norm(nn.Module):
     def __call__(self, x: Array) -> Array:
         cfg = self.config
         scale = _param(self, "scale", nn.initializers.ones, ("embed",), (x.shape[-1],))
-        x32 = x.astype(jnp.float32)
         if cfg.norm == "rmsnorm":
-            y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + cfg.norm_eps)
-            return y.astype(cfg.compute_dtype) * scale.astype(cfg.compute_dtype)
+            return rms_norm(x, scale, cfg.norm_eps, cfg.compute_dtype)
+        x32 = x.astype(jnp.float32)
         bias = _param(self, "bias", _ZEROS, ("embed",), (x.shape[-1],))
         centred = x32 - jnp.mean(x32, axis=-1, keepdims=True)
         y = centred * jax.lax.rsqrt(jnp.mean(centred * centred, axis=-1, keepdims=True) + cfg.norm_eps)
@@ -374,25 +375,30 @@ class Decoder(nn.Module):
         return nn.with_logical_constraint(x, _EMBED)
 
     def hidden_states(self, tokens: Array, positions: Array | None = None, attention_mask: Array | None = None,
-                      deterministic: bool = True) -> Array:
+                      deterministic: bool = True, segment_ids: Array | None = None) -> Array:
         """Final-norm hidden states `[batch, len, d_model]` of `tokens` [batch, len].
 
         `attention_mask` [batch, len] is True (or 1) at real tokens; padding is never attended to. `positions`
-        defaults to counting real tokens from 0 in each row.
+        defaults to counting real tokens from 0 in each row. Packed rows (several sequences one after another)
+        pass `segment_ids` [batch, len] instead of the mask: 1, 2, ... numbers the sequences, 0 marks padding; a
+        token attends only within its sequence and positions restart at 0 with each.
         """
-        mask = jnp.ones(tokens.shape, bool) if attention_mask is None else attention_mask.astype(bool)
-        if positions is None:
-            positions = _positions(mask)
-        bias = _causal_bias(mask)
+        if segment_ids is not None:
+            positions = _segment_positions(segment_ids) if positions is None else positions
+            bias = _segment_bias(segment_ids)
+        else:
+            mask = jnp.ones(tokens.shape, bool) if attention_mask is None else attention_mask.astype(bool)
+            positions = _positions(mask) if positions is None else positions
+            bias = _causal_bias(mask)
         x = self.dropout(self._embed(tokens, positions), deterministic=deterministic)
         for layer in self.layers:
             x, _ = layer(x, positions, bias, deterministic, None, None)
         return self.final_norm(x)
 
     def __call__(self, tokens: Array, positions: Array | None = None, attention_mask: Array | None = None,
-                 deterministic: bool = True) -> Array:
+                 deterministic: bool = True, segment_ids: Array | None = None) -> Array:
         """Next-token logits `[batch, len, vocab]` (float32); arguments as in `hidden_states`."""
-        return self.logits(self.hidden_states(tokens, positions, attention_mask, deterministic))
+        return self.logits(self.hidden_states(tokens, positions, attention_mask, deterministic, segment_ids))
 
     def logits(self, h: Array) -> Array:
         """Hidden states `[batch, len, d_model]` -> logits `[batch, len, vocab]` (float32)."""

@@ -77,7 +77,7 @@ def sample_decoder(params, prompts, rng, *, config: DecoderConfig, max_new_token
       prompt_mask: `[batch, P]` bool or 0/1, True at real tokens (transformers' `attention_mask`); None: all real.
         Every row needs at least one real token.
       mesh: split the prompts over every device of this mesh (the batch must divide by its size), as
-        `sampling.sample_t5` does: each device prefills and samples its slice in its own loop, with key
+        `models.t5_sampling.sample_t5` does: each device prefills and samples its slice in its own loop, with key
         `fold_in(rng, device index)`; greedy outputs equal the unsplit ones. Place parameters with
         `sampling.replicate(params, mesh)` once to avoid a copy per call.
     """

@@ -3,10 +3,13 @@
 `load_t5(name_or_dir)` reads `config.json` plus `model.safetensors` (single or sharded) or `pytorch_model.bin`
 (the latter needs torch) into `(T5Config, params)`; a preset or hub name is fetched only when the machine is
 online. `save_t5(config, params, dir)` writes a directory that `T5ForConditionalGeneration.from_pretrained` loads.
-The name map is explicit (one row per tensor) and every mismatch names the parameter.
+The name map is explicit (one row per tensor) and every mismatch names the parameter. The checkpoint-directory
+helpers (`resolve_checkpoint`, `read_config`, `read_state_dict`, `write_checkpoint`, the params-tree checks) serve
+`models.hf_decoder` too.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -126,21 +129,40 @@ def set_param(tree: dict, path: Path, value) -> None:
     tree[path[-1]] = value
 
 
-def _expected_shape(path: Path, config: T5Config) -> tuple[int, ...]:
-    import jax  # local: shapes come from an abstract init, no arrays are allocated
+def param_shapes(module, num_inputs: int) -> dict:
+    """`module`'s unboxed params tree of shapes, from an abstract init on `num_inputs` `[1, 1]` token arrays (no
+    arrays are allocated)."""
+    import jax
     from flax.linen import meta
 
+    tokens = jax.ShapeDtypeStruct((1, 1), np.int32)
+    return meta.unbox(jax.eval_shape(lambda t: module.init(jax.random.key(0), *[t] * num_inputs), tokens)["params"])
+
+
+def check_known(state: dict, known: set[str], config_name: str, fields: str) -> None:
+    """Raises naming the tensors of `state` that are not `known`, and the config.json `fields` to check."""
+    unexpected = sorted(set(state) - known)
+    if unexpected:
+        raise ValueError(f"checkpoint has tensors that this {config_name} does not use: {unexpected[:8]}"
+                         f"{' ...' if len(unexpected) > 8 else ''}; check {fields} in config.json")
+
+
+def set_checked(params: dict, path: Path, value: np.ndarray, shapes: dict, tensor: str, tensor_shape: tuple,
+                dtype) -> None:
+    """`set_param` of `value` (mapped from checkpoint tensor `tensor` of `tensor_shape`) as `dtype`; raises naming
+    both when its shape is not that of `path` in the `shapes` tree."""
+    expected = tuple(get_param(shapes, path).shape)
+    if value.shape != expected:
+        raise ValueError(f"tensor {tensor!r} has shape {tensor_shape}, which maps to {value.shape} but parameter "
+                         f"{'/'.join(path)} needs {expected}")
+    set_param(params, path, value.astype(dtype))
+
+
+@functools.lru_cache(maxsize=16)
+def _expected_shapes(config: T5Config) -> dict:
     from refiner_jax.models.t5 import T5
 
-    shapes = _expected_shape.cache.get(config)
-    if shapes is None:
-        tokens = jax.ShapeDtypeStruct((1, 1), np.int32)
-        abstract = jax.eval_shape(lambda t: T5(config).init(jax.random.key(0), t, t), tokens)["params"]
-        shapes = _expected_shape.cache[config] = meta.unbox(abstract)
-    return tuple(get_param(shapes, path).shape)
-
-
-_expected_shape.cache = {}
+    return param_shapes(T5(config), 2)
 
 
 def params_from_state_dict(config: T5Config, state: dict[str, np.ndarray]) -> dict:
@@ -152,22 +174,15 @@ def params_from_state_dict(config: T5Config, state: dict[str, np.ndarray]) -> di
     known = {theirs for _, theirs, _, _ in rows} | set(_TIED_ALIASES) | set(_UNUSED)
     if config.tie_word_embeddings:
         known.add("lm_head.weight")  # a tied checkpoint may still store it
-    unexpected = sorted(set(state) - known)
-    if unexpected:
-        raise ValueError(f"checkpoint has tensors that this T5Config does not use: {unexpected[:8]}"
-                         f"{' ...' if len(unexpected) > 8 else ''}; check num_layers / feed_forward_proj / "
-                         "tie_word_embeddings in config.json")
+    check_known(state, known, "T5Config", "num_layers / feed_forward_proj / tie_word_embeddings")
     params: dict = {}
     dtype = jnp.dtype(config.param_dtype)  # numpy-compatible, bfloat16 included
+    shapes = _expected_shapes(config)
     for ours, theirs, _, from_hf in rows:
         if theirs not in state:
             raise ValueError(f"checkpoint is missing tensor {theirs!r} (parameter {'/'.join(ours)})")
-        value = from_hf(np.asarray(state[theirs]))
-        expected = _expected_shape(ours, config)
-        if value.shape != expected:
-            raise ValueError(f"tensor {theirs!r} has shape {tuple(state[theirs].shape)}, which maps to "
-                             f"{value.shape} but parameter {'/'.join(ours)} needs {expected}")
-        set_param(params, ours, value.astype(dtype))
+        set_checked(params, ours, from_hf(np.asarray(state[theirs])), shapes, theirs, tuple(state[theirs].shape),
+                    dtype)
     return params
 
 
@@ -204,6 +219,25 @@ def read_state_dict(directory: pathlib.Path) -> dict[str, np.ndarray]:
                             "model.safetensors.index.json or pytorch_model.bin")
 
 
+def read_config(directory: pathlib.Path) -> dict:
+    """The `config.json` of a transformers checkpoint directory, as a dict."""
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file} is missing: a transformers checkpoint directory needs config.json")
+    return json.loads(config_file.read_text())
+
+
+def write_checkpoint(directory: str | os.PathLike, hf_config: dict, state: dict[str, np.ndarray]) -> pathlib.Path:
+    """Writes `config.json` and `model.safetensors`, the files transformers' `from_pretrained` reads."""
+    from safetensors.numpy import save_file
+
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(hf_config, indent=2))
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    return directory
+
+
 def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
     from safetensors import safe_open
 
@@ -237,20 +271,10 @@ def load_t5(name_or_dir: str | os.PathLike, **config_overrides) -> tuple[T5Confi
     `config_overrides` change numerics fields such as `dtype`, `param_dtype`, `dropout_rate` or `remat`.
     """
     directory = resolve_checkpoint(name_or_dir)
-    config_file = directory / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{config_file} is missing: a transformers T5 checkpoint directory needs config.json")
-    config = config_from_hf(json.loads(config_file.read_text())).replace(**config_overrides)
+    config = config_from_hf(read_config(directory)).replace(**config_overrides)
     return config, params_from_state_dict(config, read_state_dict(directory))
 
 
 def save_t5(config: T5Config, params: dict, directory: str | os.PathLike) -> pathlib.Path:
     """Writes `config.json` and `model.safetensors` that `T5ForConditionalGeneration.from_pretrained` loads."""
-    from safetensors.numpy import save_file
-
-    directory = pathlib.Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config_to_hf(config), indent=2))
-    save_file(state_dict_from_params(config, params), str(directory / "model.safetensors"),
-              metadata={"format": "pt"})
-    return directory
+    return write_checkpoint(directory, config_to_hf(config), state_dict_from_params(config, params))

@@ -10,7 +10,6 @@ explicit, one row per transformers tensor, and every mismatch names the tensor a
 from __future__ import annotations
 
 import functools
-import json
 import os
 import pathlib
 from typing import Callable
@@ -19,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from refiner_jax.models.decoder import HUB_NAMES, DecoderConfig
-from refiner_jax.models.hf import get_param, read_state_dict, resolve_checkpoint, set_param
+from refiner_jax.models.hf import (check_known, get_param, param_shapes, read_config, read_state_dict,
+                                   resolve_checkpoint, set_checked, write_checkpoint)
 
 SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2")
 _LLAMA_FAMILY = ("llama", "mistral", "qwen2")
@@ -215,13 +215,9 @@ def name_map(config: DecoderConfig) -> list[Row]:
 
 @functools.lru_cache(maxsize=16)
 def _expected_shapes(config: DecoderConfig) -> dict:
-    import jax  # local: shapes come from an abstract init, no arrays are allocated
-    from flax.linen import meta
-
     from refiner_jax.models.decoder import Decoder
 
-    tokens = jax.ShapeDtypeStruct((1, 1), np.int32)
-    return meta.unbox(jax.eval_shape(lambda t: Decoder(config).init(jax.random.key(0), t), tokens)["params"])
+    return param_shapes(Decoder(config), 1)
 
 
 def _names(paths: tuple[Path, ...]) -> str:
@@ -237,11 +233,7 @@ def params_from_state_dict(config: DecoderConfig, state: dict[str, np.ndarray]) 
         state = {k if k == "lm_head.weight" else f"transformer.{k}": v for k, v in state.items()}
     rows = name_map(config)
     known = {theirs for theirs, *_ in rows} | ({"lm_head.weight"} if config.tie_embeddings else set())
-    unexpected = sorted(set(state) - known)
-    if unexpected:
-        raise ValueError(f"checkpoint has tensors that this DecoderConfig does not use: {unexpected[:8]}"
-                         f"{' ...' if len(unexpected) > 8 else ''}; check num_hidden_layers / biases / "
-                         "tie_word_embeddings in config.json")
+    check_known(state, known, "DecoderConfig", "num_hidden_layers / biases / tie_word_embeddings")
     params: dict = {}
     dtype = jnp.dtype(config.param_dtype)  # numpy-compatible, bfloat16 included
     shapes = _expected_shapes(config)
@@ -255,11 +247,7 @@ def params_from_state_dict(config: DecoderConfig, state: dict[str, np.ndarray]) 
             raise ValueError(f"tensor {theirs!r} has shape {tensor.shape}, which does not fit parameter "
                              f"{_names(ours)} ({e})") from e
         for path, value in zip(ours, values):
-            expected = tuple(get_param(shapes, path).shape)
-            if value.shape != expected:
-                raise ValueError(f"tensor {theirs!r} has shape {tensor.shape}, which maps to {value.shape} but "
-                                 f"parameter {'/'.join(path)} needs {expected}")
-            set_param(params, path, value.astype(dtype))
+            set_checked(params, path, value, shapes, theirs, tensor.shape, dtype)
     return params
 
 
@@ -275,20 +263,11 @@ def load_decoder(name_or_dir: str | os.PathLike, **config_overrides) -> tuple[De
     `config_overrides` change numerics fields such as `dtype`, `param_dtype`, `dropout_rate` or `remat`.
     """
     directory = resolve_checkpoint(HUB_NAMES.get(str(name_or_dir), name_or_dir))
-    config_file = directory / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{config_file} is missing: a transformers checkpoint directory needs config.json")
-    config = config_from_hf(json.loads(config_file.read_text())).replace(**config_overrides)
+    config = config_from_hf(read_config(directory)).replace(**config_overrides)
     return config, params_from_state_dict(config, read_state_dict(directory))
 
 
 def save_decoder(config: DecoderConfig, params: dict, directory: str | os.PathLike) -> pathlib.Path:
     """Writes `config.json` and `model.safetensors` that `AutoModelForCausalLM.from_pretrained` loads (a tied
     output layer is not stored, as transformers saves it)."""
-    from safetensors.numpy import save_file
-
-    directory = pathlib.Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config_to_hf(config), indent=2))
-    save_file(state_dict_from_params(config, params), str(directory / "model.safetensors"), metadata={"format": "pt"})
-    return directory
+    return write_checkpoint(directory, config_to_hf(config), state_dict_from_params(config, params))

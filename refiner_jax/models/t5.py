@@ -25,23 +25,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-PAD_ID = 0
-EOS_ID = 1
+from refiner_jax.models.layers import (MASK_VALUE, ConfigDtypes, Dropout, attend, broadcast_batch, dense, heads_major,
+                                      key_mask_bias, rms_norm)
+
 DECODER_START_ID = 0
-_MASK_VALUE = -1e10  # added to masked attention logits (float32)
 
 Array = jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
-class T5Config:
+class T5Config(ConfigDtypes):
     """Architecture and numerics of a T5; field names mirror `transformers.T5Config`. Hashable (usable as static)."""
 
     vocab_size: int = 32128
@@ -75,17 +74,6 @@ class T5Config:
     @property
     def n_decoder_layers(self) -> int:
         return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
-
-    @property
-    def compute_dtype(self):
-        return jnp.dtype(self.dtype)
-
-    @property
-    def weight_dtype(self):
-        return jnp.dtype(self.param_dtype)
-
-    def replace(self, **changes) -> "T5Config":
-        return dataclasses.replace(self, **changes)
 
 
 _V10 = dict(feed_forward_proj="relu", tie_word_embeddings=True)
@@ -171,9 +159,7 @@ class RMSNorm(nn.Module):
         cfg = self.config
         scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
                            (x.shape[-1],), cfg.weight_dtype)
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + cfg.layer_norm_epsilon)
-        return y.astype(cfg.compute_dtype) * scale.astype(cfg.compute_dtype)
+        return rms_norm(x, scale, cfg.layer_norm_epsilon, cfg.compute_dtype)
 
 
 class RelativePositionBias(nn.Module):
@@ -208,55 +194,6 @@ class RelativePositionBias(nn.Module):
         return jnp.transpose(bias, (1, 0))[None, :, None, :].astype(jnp.float32)
 
 
-def _hash32(x: Array) -> Array:
-    """A bijective integer hash of uint32 values: two multiply-xorshift rounds, so that every input bit flips about
-    half of the output bits (neighbouring indices give unrelated outputs)."""
-    x = x ^ (x >> 16)
-    x = x * jnp.uint32(0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = x * jnp.uint32(0x846CA68B)
-    return x ^ (x >> 16)
-
-
-def _dropout(x: Array, seed: Array | None, rate: float) -> Array:
-    """Inverted dropout of `x` whose keep mask hashes `seed` with each element's index (see `Dropout`); `x` as is
-    when `seed` is None."""
-    if seed is None or rate == 0.0:
-        return x
-    if rate >= 1.0:
-        return jnp.zeros_like(x)
-    index = jax.lax.iota(jnp.uint32, x.size).reshape(x.shape)
-    keep = _hash32(index ^ _hash32(seed)) >= jnp.uint32(round(rate * 2 ** 32))
-    return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros_like(x))
-
-
-class Dropout(nn.Module):
-    """Inverted dropout whose keep mask is a counter-based hash of each element's index, seeded once per call
-    from the module's 'dropout' key.
-
-    Same distribution as `nn.Dropout` (keep probability 1 - rate, kept values scaled by 1 / (1 - rate)) and still
-    a pure function of the key, but about 14x cheaper on CPU than drawing threefry bits per element, which took a
-    third of a t5-tiny train step. The mask depends only on the key and the element's position in the array the
-    model is given: the global batch under the partitioner, so the same on every mesh it splits; one shard's rows
-    inside a `shard_map` over the batch, whose caller gives each shard its own key.
-    """
-
-    rate: float
-
-    @nn.compact
-    def __call__(self, x: Array, deterministic: bool) -> Array:
-        return _dropout(x, self.seed(x.size, deterministic), self.rate)
-
-    def seed(self, size: int, deterministic: bool) -> Array | None:
-        """The mask seed (uint32) of one call on `size` elements; None when nothing is dropped."""
-        if deterministic or self.rate == 0.0:
-            return None
-        if self.rate >= 1.0:
-            return jnp.zeros((), jnp.uint32)  # everything is dropped: no key needed
-        if size >= 2 ** 32:
-            raise ValueError(f"Dropout: {size} elements overflow the 32-bit element counter; shard the input")
-        return jax.random.bits(self.make_rng("dropout"), (), jnp.uint32)
-
 
 class Attention(nn.Module):
     """Multi-head attention without logit scaling; keys/values can be projected once and reused (`project_kv`)."""
@@ -285,14 +222,14 @@ class Attention(nn.Module):
         Heads before length: the decode cache is written one position at a time and read whole every step, and
         this layout lets XLA read it without a transpose.
         """
-        return _heads_major(*self.project(x, "key", "value"))
+        return heads_major(*self.project(x, "key", "value"))
 
     def __call__(self, x: Array, bias: Array, deterministic: bool, kv: tuple[Array, Array] | None = None) -> Array:
         """Attend from `x` [batch, q, d_model] over itself, or over keys/values `kv` (two `[batch, heads, k, d_kv]`
         from `project_kv`) when given.
 
         Self-attention projects queries, keys and values in one product, and the attention products run
-        heads-major (`_attend`): from `[batch, q, heads, d_kv]` queries XLA:CPU copied operands transposed inside
+        heads-major (`attend`): from `[batch, q, heads, d_kv]` queries XLA:CPU copied operands transposed inside
         the products. Both together took a t5-tiny train step 1-4% less time on a 2-core CPU, a t5-small one 2%.
         `bias` (float32, `[batch or 1, heads or 1, q or 1, k]`) holds position bias and masks.
         """
@@ -300,18 +237,18 @@ class Attention(nn.Module):
         dt = cfg.compute_dtype
         b, q_len = x.shape[:2]
         if kv is None:
-            q, k, v = _heads_major(*self.project(x, "query", "key", "value"))
+            q, k, v = heads_major(*self.project(x, "query", "key", "value"))
         else:
-            (q,), (k, v) = _heads_major(*self.project(x, "query")), kv
+            (q,), (k, v) = heads_major(*self.project(x, "query")), kv
         seed = self.dropout.seed(b * cfg.num_heads * q_len * k.shape[2], deterministic)
-        ctx = _attend(q, k, v, bias, seed, cfg.dropout_rate)  # [batch, heads, q, d_kv]
+        ctx = attend(q, k, v, bias, seed, cfg.dropout_rate)  # [batch, heads, q, d_kv]
         ctx = ctx.transpose(0, 2, 1, 3).reshape(b, q_len, -1)  # [batch, q, heads * d_kv]
-        out = _dense(ctx, self.out.astype(dt).reshape(-1, cfg.d_model))
+        out = dense(ctx, self.out.astype(dt).reshape(-1, cfg.d_model))
         return nn.with_logical_constraint(out, ("batch", "activation_length", "activation_embed"))
 
     def project(self, x: Array, *names: str) -> tuple[Array, ...]:
         """`x` [batch, len, d_model] through the named `[d_model, heads, d_kv]` kernels ('query', 'key', 'value')
-        -> one `[batch, len, heads, d_kv]` per name, computed as a single row-major 2-D matmul (`_dense`).
+        -> one `[batch, len, heads, d_kv]` per name, computed as a single row-major 2-D matmul (`dense`).
 
         In the decode loop, einsums to heads-major layouts made XLA:CPU copy a transposed kernel (and `x`) on every
         step; a row-major 2-D product reads both as stored. The kernels' concatenation is loop-invariant, so XLA
@@ -321,7 +258,7 @@ class Attention(nn.Module):
         dt = cfg.compute_dtype
         b, length, d = x.shape
         kernel = jnp.concatenate([getattr(self, name).astype(dt).reshape(d, -1) for name in names], axis=1)
-        y = _dense(x.astype(dt).reshape(b * length, d), kernel)  # [batch * len, len(names) * heads * d_kv]
+        y = dense(x.astype(dt).reshape(b * length, d), kernel)  # [batch * len, len(names) * heads * d_kv]
         return tuple(part.reshape(b, length, cfg.num_heads, cfg.d_kv) for part in jnp.split(y, len(names), axis=1))
 
     def decode(self, q: Array, keys: Array, values: Array, bias: Array) -> Array:
@@ -355,15 +292,15 @@ class MLP(nn.Module):
         if cfg.feed_forward_proj == "gated-gelu":
             wi_0 = self.param("wi_0", wi_init, shape, cfg.weight_dtype)
             wi_1 = self.param("wi_1", wi_init, shape, cfg.weight_dtype)
-            h = jax.nn.gelu(_dense(x, wi_0.astype(dt)), approximate=True) * _dense(x, wi_1.astype(dt))
+            h = jax.nn.gelu(dense(x, wi_0.astype(dt)), approximate=True) * dense(x, wi_1.astype(dt))
         else:
             wi = self.param("wi", wi_init, shape, cfg.weight_dtype)
-            h = jax.nn.relu(_dense(x, wi.astype(dt)))
+            h = jax.nn.relu(dense(x, wi.astype(dt)))
         h = nn.with_logical_constraint(h, ("batch", "activation_length", "activation_mlp"))
         h = Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
         wo = self.param("wo", nn.with_logical_partitioning(_normal(f * cfg.d_ff ** -0.5), ("mlp", "embed")),
                         (cfg.d_ff, cfg.d_model), cfg.weight_dtype)
-        return _dense(h, wo.astype(dt))
+        return dense(h, wo.astype(dt))
 
 
 class EncoderLayer(nn.Module):
@@ -522,7 +459,7 @@ class T5(nn.Module):
         if output_kernel is not None:
             logits = h.astype(dt) @ output_kernel.astype(dt)
         elif cfg.tie_word_embeddings:
-            logits = _dense(h.astype(dt), self.token_embedder.astype(dt).T)
+            logits = dense(h.astype(dt), self.token_embedder.astype(dt).T)
         else:
             logits = self.decoder.logits_dense(h)
         logits = logits.astype(jnp.float32)
@@ -545,10 +482,10 @@ class LogitsDense(nn.Module):
     @nn.compact
     def __call__(self, h: Array) -> Array:
         cfg = self.config
-        kernel = self.param("kernel", nn.with_logical_partitioning(_normal(cfg.initializer_factor * cfg.d_model ** -0.5),
-                                                                   ("embed", "vocab")),
+        init = _normal(cfg.initializer_factor * cfg.d_model ** -0.5)
+        kernel = self.param("kernel", nn.with_logical_partitioning(init, ("embed", "vocab")),
                             (cfg.d_model, cfg.vocab_size), cfg.weight_dtype)
-        return _dense(h.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype))
+        return dense(h.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype))
 
 
 class Encoder(nn.Module):
@@ -565,7 +502,7 @@ class Encoder(nn.Module):
     def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
         length = x.shape[1]
         # [batch, heads, len, len]
-        bias = _broadcast_batch(self.relpos_bias(length, length), x.shape[0]) + _key_mask_bias(mask)
+        bias = broadcast_batch(self.relpos_bias(length, length), x.shape[0]) + key_mask_bias(mask)
         x = self.dropout(x, deterministic=deterministic)
         for layer in self.layers:
             x = layer(x, bias, deterministic)
@@ -588,9 +525,9 @@ class Decoder(nn.Module):
     def __call__(self, x: Array, encoded: Array, encoder_mask: Array, deterministic: bool) -> Array:
         length = x.shape[1]
         causal = jnp.tril(jnp.ones((length, length), bool))
-        self_bias = self.relpos_bias(length, length) + jnp.where(causal, 0.0, _MASK_VALUE)[None, None]
-        self_bias = _broadcast_batch(self_bias, x.shape[0])  # [batch, heads, len, len]
-        cross_bias = _key_mask_bias(encoder_mask)
+        self_bias = self.relpos_bias(length, length) + jnp.where(causal, 0.0, MASK_VALUE)[None, None]
+        self_bias = broadcast_batch(self_bias, x.shape[0])  # [batch, heads, len, len]
+        cross_bias = key_mask_bias(encoder_mask)
         x = self.dropout(x, deterministic=deterministic)
         for layer in self.layers:
             x = layer(x, encoded, self_bias, cross_bias, deterministic)
@@ -602,132 +539,10 @@ class Decoder(nn.Module):
     def step(self, x: Array, index: Array, cache: dict, cross_kv: tuple, encoder_mask: Array):
         max_len = cache["layers_0"]["v"].shape[2]
         visible = jnp.arange(max_len) <= index  # keys written so far
-        self_bias = self.relpos_bias.row(index, max_len) + jnp.where(visible, 0.0, _MASK_VALUE)[None, None, None]
-        cross_bias = _key_mask_bias(encoder_mask)
+        self_bias = self.relpos_bias.row(index, max_len) + jnp.where(visible, 0.0, MASK_VALUE)[None, None, None]
+        cross_bias = key_mask_bias(encoder_mask)
         new_cache = {}
         for i, layer in enumerate(self.layers):
             name = f"layers_{i}"
             x, new_cache[name] = layer.step(x, index, cache[name], *cross_kv[i], self_bias, cross_bias)
         return self.decoder_norm(x), new_cache
-
-
-@jax.custom_vjp
-def _dense(x: Array, kernel: Array) -> Array:
-    """`x` [..., k] @ `kernel` [k, n], whose kernel gradient is `_product_over_rows(x, output gradient)`.
-
-    The kernel gradient contracts over every row of the batch. Autodiff writes it as (output gradient)^T x, and
-    XLA:CPU then copies the output gradient transposed, with the activation's masks fused into that slow copy;
-    for the feed-forward layers' [tokens, d_ff] gradients that took 8% of a t5-small train step. Transposing the
-    narrower of the two instead gives the same values; in the feed-forward layers alone, a t5-tiny train step took
-    16% less time on a 2-core CPU.
-    """
-    return x @ kernel
-
-
-def _dense_fwd(x, kernel):
-    return x @ kernel, (x, kernel)
-
-
-def _dense_bwd(residuals, g):
-    x, kernel = residuals
-    rows_x, rows_g = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])  # [rows, k], [rows, n]
-    return g @ kernel.T, _product_over_rows(rows_x, rows_g)
-
-
-_dense.defvjp(_dense_fwd, _dense_bwd)
-
-
-def _product_over_rows(a: Array, b: Array) -> Array:
-    """`a`^T `b` for `a` [..., rows, m] and `b` [..., rows, n] -> [..., m, n], leading axes batched: a product that
-    contracts both operands' row axis, as a kernel gradient and attention's key and value gradients do.
-
-    XLA:CPU gives such a product to Eigen, and one whose left operand is laid out [m, rows] to YNNPACK, which runs
-    t5-tiny's kernel gradients about 1.4x and its attention gradients about 1.7x as fast. So on CPU the narrower
-    operand is transposed into a buffer of its own, the product runs as (narrower)^T (wider), and its result is
-    transposed back when `a` was the wider; optimization barriers keep XLA from folding the transposes back into
-    the product. On a 2-core CPU a t5-tiny train step took 2-5 ms (2-3%) less on 2 host devices and 6-7% less on
-    one device at the default job's shapes, a t5-small one the same within 1%. Elsewhere the product stays one
-    contraction, which GPU and TPU libraries read transposed for free.
-    """
-    def swap(x):
-        return jnp.swapaxes(x, -1, -2)
-
-    def cpu(a, b):
-        if a.shape[-1] <= b.shape[-1]:
-            return jax.lax.optimization_barrier(swap(a)) @ b
-        return swap(jax.lax.optimization_barrier(jax.lax.optimization_barrier(swap(b)) @ a))
-
-    return jax.lax.platform_dependent(a, b, cpu=cpu, default=lambda a, b: swap(a) @ b)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _attend(q: Array, k: Array, v: Array, bias: Array, seed: Array | None, rate: float) -> Array:
-    """softmax(q k^T + bias) (float32), dropped out at `rate` with `seed`'s mask (`_dropout`), times v:
-    q `[batch, heads, q, d_kv]`, k and v `[batch, heads, k, d_kv]`, bias `[batch or 1, heads or 1, q or 1, k]`
-    -> `[batch, heads, q, d_kv]`.
-
-    Its gradient is written out: it keeps the softmax alone and recomputes the dropout mask from the seed, where
-    autodiff also kept the mask and the dropped-out weights. A t5-tiny train step (batch 32, 2 host devices) then
-    needed 107 instead of 114 MB of temporary buffers and took 4% less time on a 2-core CPU, a t5-small one 2%.
-    """
-    return _attend_fwd(q, k, v, bias, seed, rate)[0]
-
-
-def _attend_fwd(q, k, v, bias, seed, rate):
-    logits = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32) + bias
-    probs = jax.nn.softmax(logits, axis=-1)  # float32 [batch, heads, q, k]
-    out = jnp.einsum("bhqk,bhkd->bhqd", _dropout(probs.astype(q.dtype), seed, rate), v)
-    return out, (q, k, v, bias, seed, probs)
-
-
-def _attend_bwd(rate, residuals, g):
-    q, k, v, bias, seed, probs = residuals
-    dt = q.dtype
-    d_weights = _dropout(jnp.einsum("bhqd,bhkd->bhqk", g, v), seed, rate).astype(jnp.float32)
-    d_v = _product_over_rows(_dropout(probs.astype(dt), seed, rate), g)
-    d_logits = probs * (d_weights - jnp.sum(d_weights * probs, axis=-1, keepdims=True))  # float32
-    summed = tuple(i for i, n in enumerate(bias.shape) if n == 1 and d_logits.shape[i] != 1)
-    d_bias = jnp.sum(d_logits, axis=summed, keepdims=True).astype(bias.dtype)
-    d_logits = d_logits.astype(dt)
-    d_q = jnp.einsum("bhqk,bhkd->bhqd", d_logits, k)
-    d_k = _product_over_rows(d_logits, q)
-    return d_q, d_k, d_v, d_bias, None
-
-
-_attend.defvjp(_attend_fwd, _attend_bwd)
-
-
-def _heads_major(*xs: Array) -> tuple[Array, ...]:
-    """`[batch, len, heads, d_kv]` arrays -> `[batch, heads, len, d_kv]`, with their logical axes."""
-    names = ("batch", "activation_heads", "activation_length", "activation_kv")
-    return tuple(nn.with_logical_constraint(x.transpose(0, 2, 1, 3), names) for x in xs)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _broadcast_batch(x: Array, batch: int) -> Array:
-    """`x` [1, ...] repeated to [batch, ...], whose gradient sums over the batch as a matrix-vector product.
-
-    Autodiff's plain reduction over the leading axis ran about 20x slower than the product on XLA:CPU (YNNPACK),
-    for the position-bias gradient `[batch, heads, q, k] -> [heads, q, k]`: 5% of a t5-tiny train step.
-    """
-    return jnp.broadcast_to(x, (batch, *x.shape[1:]))
-
-
-def _broadcast_batch_fwd(x, batch):
-    return _broadcast_batch(x, batch), None
-
-
-def _broadcast_batch_bwd(batch, _, g):
-    return ((jnp.ones((batch,), g.dtype) @ g.reshape(batch, -1)).reshape(1, *g.shape[1:]),)
-
-
-_broadcast_batch.defvjp(_broadcast_batch_fwd, _broadcast_batch_bwd)
-
-
-def _key_mask_bias(mask: Array) -> Array:
-    """`[batch, key_len]` bool (True = attend) -> additive bias `[batch, 1, 1, key_len]` (float32)."""
-    return jnp.where(mask, 0.0, _MASK_VALUE).astype(jnp.float32)[:, None, None, :]
-
-
-def param_count(params: Any) -> int:
-    return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))

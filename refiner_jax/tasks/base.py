@@ -120,7 +120,8 @@ def json_objects(lines: Iterable[str], source: str, expected: str,
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise error(f"{source}:{number}: not valid JSON ({e.msg} at column {e.colno}); expected {expected}") from None
+            raise error(f"{source}:{number}: not valid JSON ({e.msg} at column {e.colno}); "
+                        f"expected {expected}") from None
         if not isinstance(row, dict):
             raise error(f"{source}:{number}: got a JSON {type(row).__name__}; expected {expected}")
         yield number, row

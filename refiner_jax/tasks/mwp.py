@@ -386,9 +386,9 @@ def oracle_errors(gold: Formula, hyp: Formula) -> tuple[StepError, ...]:
     Steps are aligned, not compared by position: a hypothesis step computing exactly a gold subexpression is
     paired with it first (any order; the last step only with the gold's last); the leftover steps are paired in
     order, choosing the pairing with the fewest wrong operators/operands (ties: earliest steps paired). Unpaired
-    gold steps are missing operators, unpaired hypothesis steps extra ones. References are compared through the pairing (`_ArgMatcher`), so one wrong,
-    missing or extra step does not make every later step that uses it wrong. Operands of add/multiply may be
-    swapped.
+    gold steps are missing operators, unpaired hypothesis steps extra ones. References are compared through the
+    pairing (`_ArgMatcher`), so one wrong, missing or extra step does not make every later step that uses it wrong.
+    Operands of add/multiply may be swapped.
     """
     interner = _Interner()
     gold_ids, hyp_ids = interner.step_ids(gold), interner.step_ids(hyp)

@@ -84,15 +84,16 @@ class MetricsLog:
 
 
 def encode_pairs(tokenizer: Tokenizer, pairs: Pairs, input_len: int, target_len: int,
-                 lm: LanguageModel | None = None) -> dict:
+                 lm: LanguageModel | None = None, pack: int = 0) -> dict:
     """Token arrays of text pairs for `lm` (default T5's `{'inputs': [b, input_len], 'targets': [b, target_len]}`),
-    truncated / padded to these fixed lengths, so the train step compiles exactly once per stage."""
+    truncated / padded to these fixed lengths, so the train step compiles once per stage (a decoder's packed
+    batches, `pack` > 0: once per row count, a few; see `LanguageModel.pair_batch`)."""
     if lm is None or lm.family == "t5":
         inputs = tokenizer.encode_batch([p[0] for p in pairs], input_len, pad_to=input_len)
         targets = tokenizer.encode_batch([p[1] for p in pairs], target_len, pad_to=target_len)
         return {"inputs": inputs, "targets": targets}
     return lm.pair_batch([tokenizer.encode(p[0]) for p in pairs], [tokenizer.encode(p[1]) for p in pairs],
-                         input_len, target_len, tokenizer.eos_id)
+                         input_len, target_len, tokenizer.eos_id, pack=pack)
 
 
 def truncation_warning(name: str, tokenizer: Tokenizer, pairs: Pairs, input_len: int, target_len: int) -> str | None:
@@ -120,9 +121,10 @@ def stage_done(workdir: str, name: str) -> dict | None:
 
 def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | DecoderConfig, tokenizer: Tokenizer, mesh,
                 seed: int, checkpoint_every: int, keep: int, log: MetricsLog, init_params: Any = None,
-                log_every: int = 50, rules: shd.Rules = shd.DEFAULT_RULES) -> dict[str, float]:
+                log_every: int = 50, rules: shd.Rules = shd.DEFAULT_RULES, pack: bool = False) -> dict[str, float]:
     """Trains (or resumes) the stage to `spec.stage.steps` updates, exports the best parameters, marks it done.
-    `rules` map the model's logical axes to `mesh` (config.logical_axis_rules)."""
+    `rules` map the model's logical axes to `mesh` (config.logical_axis_rules); `pack` packs a decoder-only LM's
+    text pairs several to a row (`LanguageModel.pair_batch`)."""
     stage = spec.stage
     lm = LanguageModel(model_config)
     model = spec.model or lm.module()
@@ -142,6 +144,8 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | Decod
     train_step = make_train_step(loss, tx, mesh, shardings, rules=rules,
                                  num_microbatches=stage.microbatches, schedule=schedule)
     order = EpochOrder(spec.num_examples, stage.batch_size, seed=seed)
+    # Packed row counts must split into the microbatches, over the batch shards and the processes.
+    row_multiple = int(np.lcm(stage.microbatches * shd.batch_divisor(mesh, rules), jax.process_count())) if pack else 0
     stage_dir = os.path.join(workdir, spec.name)
     checkpointer = ckpt_lib.Checkpointer(os.path.join(stage_dir, "ckpt"), save_interval_steps=checkpoint_every,
                                          keep_last=keep, best_metric=spec.best_metric, best_mode="max")
@@ -168,12 +172,12 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | Decod
         first_batch = False
         if spec.collate is None:
             # The global batch, on every process.
-            batch = encode_pairs(tokenizer, pairs, spec.input_len, spec.target_len, lm)
+            batch = encode_pairs(tokenizer, pairs, spec.input_len, spec.target_len, lm, pack=row_multiple)
         else:
             batch = spec.collate(pairs)
         window_examples += len(pairs)
         window_tokens += int(sum((batch[k] > 0).sum() for k in ("inputs", "targets", "tokens") if k in batch))
-        rows = shd.host_batch_slice(len(pairs))
+        rows = shd.host_batch_slice(len(next(iter(batch.values()))))
         state, metrics = train_step(state, shd.make_global_batch({k: v[rows] for k, v in batch.items()}, mesh, rules))
         step += 1
         progress.update(1)

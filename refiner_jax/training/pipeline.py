@@ -26,7 +26,8 @@ from refiner_jax.models import decoder as decoder_lib
 from refiner_jax.models import hf, hf_decoder
 from refiner_jax.models.decoder import DecoderConfig
 from refiner_jax.models.t5 import T5Config, preset
-from refiner_jax.refine import CALIBRATION_FILE, ModelCritic, RunInfo, SolverCritic, TextModel, load_critic
+from refiner_jax.critics import CALIBRATION_FILE, ModelCritic, SolverCritic, load_critic
+from refiner_jax.text_model import RunInfo, TextModel
 from refiner_jax.tasks import get_task
 from refiner_jax.tasks.base import NO_HINT, Example, Task, refine_input
 from refiner_jax.tokenizers import (ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer, padded_vocab_size,
@@ -173,12 +174,27 @@ def setup(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ..
     log = MetricsLog(workdir)
     common = dict(workdir=workdir, model_config=model_config, tokenizer=tokenizer, mesh=mesh, rules=rules,
                   seed=config.seed, checkpoint_every=config.checkpoint.every, keep=config.checkpoint.keep,
-                  log=log, log_every=config.log_every)
+                  log=log, log_every=config.log_every, pack=config.model.pack)
     return Setup(task, splits, tokenizer, model_config, pretrained, mesh, rules, log, common)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...] = STAGES) -> dict:
     """Runs (or resumes) the requested stages; returns {stage: final metrics}."""
+    _check_warmup_first(config, workdir, stages)
+    job = _Job(config, workdir, stages, setup(config, workdir, stages, STAGES, ("critic", "warmup", "refiner")))
+    # stage, what it trains, the parameters it starts from (a checkpoint's, or None: fresh)
+    for name, spec, init in (("warmup", job.warmup_spec, job.pretrained),
+                             ("critic", job.critic_spec, job.pretrained),
+                             ("refiner", job.refiner_spec, job.warmed_up_params)):
+        job.train(name, spec, init)
+    if {"critic", "refiner", "eval"} & set(stages):
+        job.calibrate_critic()
+    job.evaluate()
+    return job.finish()
+
+
+def _check_warmup_first(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]) -> None:
+    """Refuses a stage that builds on the warmed-up generator when that is neither trained nor requested."""
     built_on_warmup = {
         "critic": "config.critic.generator_fraction > 0: the critic samples from the warmed-up generator",
         "refiner": "the refiner stage starts from the warmed-up generator"}
@@ -188,82 +204,119 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
         if (name in stages and "warmup" not in stages and stage_done(workdir, name) is None
                 and stage_done(workdir, "warmup") is None):
             raise config_lib.ConfigError(f"{why}, so run the warmup stage first (--stages=warmup,{name},...)")
-    s = setup(config, workdir, stages, STAGES, ("critic", "warmup", "refiner"))
-    task, splits, tokenizer, model_config, pretrained = s.task, s.splits, s.tokenizer, s.model_config, s.pretrained
-    mesh, log, common = s.mesh, s.log, s.common
-    lengths = config.lengths
-    results: dict[str, Any] = {}
-    timings: dict[str, float] = {}
 
-    def text_model(params, max_input, max_output):
+
+class _Job:
+    """One REFINER run's stages over a shared `Setup`: what each trains (`*_spec`), the critic's calibration and
+    the evaluation; `results` and `timings` collect as they finish."""
+
+    def __init__(self, config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...], s: Setup):
+        self.config, self.workdir, self.stages, self.s = config, workdir, stages, s
+        self.task, self.lengths = s.task, config.lengths
+        self.train_set, self.val = s.splits["train"], s.splits["val"]
+        self.results: dict[str, Any] = {}
+        self.timings: dict[str, float] = {}
+
+    def text_model(self, params, max_input: int, max_output: int) -> TextModel:
         # Prompts padded to the full budget: one compiled sampler per (batch, budget) for the whole run.
-        return TextModel(model_config, params, tokenizer, max_input, max_output, bucket=max_input,
-                         batch_size=config.eval.batch_size, mesh=mesh)
+        return TextModel(self.s.model_config, params, self.s.tokenizer, max_input, max_output, bucket=max_input,
+                         batch_size=self.config.eval.batch_size, mesh=self.s.mesh)
 
-    def run_stage(name, spec_fn, init_params=None):
-        done = stage_done(workdir, name)
-        if done is not None or name not in stages:
-            results[name] = done
+    def train(self, name: str, spec_fn, init_fn) -> None:
+        """Trains stage `name` unless it is done or not requested; its spec and initial parameters are made only
+        when it trains."""
+        done = stage_done(self.workdir, name)
+        if done is not None or name not in self.stages:
+            self.results[name] = done
             return
         start = time.time()
-        results[name] = train_stage(spec_fn(), init_params=init_params, **common)
-        timings[name] = time.time() - start
+        self.results[name] = train_stage(spec_fn(), init_params=init_fn(), **self.s.common)
+        self.timings[name] = time.time() - start
 
-    train, val = splits["train"], splits["val"]
+    def pretrained(self):
+        return self.s.pretrained
 
-    def warmed_up_params():
-        return ckpt_lib.load_params(os.path.join(workdir, "warmup", "export"))[0]
+    def warmed_up_params(self):
+        return ckpt_lib.load_params(os.path.join(self.workdir, "warmup", "export"))[0]
 
-    critic_val = val[:config.critic.eval_examples]
+    def generator_eval(self, examples):
+        def evaluate(p):
+            return refiner_lib.generator_metrics(self.task, self.text_model(p, self.lengths.input, self.lengths.target),
+                                                 examples)
+        return evaluate
 
-    def critic_spec():
+    def warmup_spec(self) -> StageSpec:
+        config, lengths = self.config, self.lengths
+        warm_train = self.train_set[:max(config.warmup.batch_size,
+                                         int(round(len(self.train_set) * config.warmup.fraction)))]
+        fraction = config.warmup.feedback_fraction
+        pairs = refiner_lib.warmup_pairs(warm_train, self.task, fraction, config.refiner.template, config.seed)
+        return StageSpec("warmup", config.warmup, len(warm_train), pairs,
+                         self.generator_eval(self.val[:config.warmup.eval_examples]), self.task.primary_metric,
+                         lengths.refine_input if fraction > 0 else lengths.input, lengths.target)
+
+    def critic_spec(self) -> StageSpec:
+        config, lengths, task, s = self.config, self.lengths, self.task, self.s
+        critic_val = self.val[:config.critic.eval_examples]
         if config.critic.mode == "solve":
-            problems = train + fresh_problems()[1]
+            problems = self.train_set + self.fresh_problems()[1]
             return StageSpec(
                 "critic", config.critic, len(problems), refiner_lib.warmup_pairs(problems, task, seed=config.seed),
                 lambda p: refiner_lib.critic_validation(
-                    task, SolverCritic(text_model(p, lengths.input, lengths.target), task), critic_val, config.seed),
+                    task, SolverCritic(self.text_model(p, lengths.input, lengths.target), task), critic_val,
+                    config.seed),
                 "paired_auroc", lengths.input, lengths.target)
         generator = None
         if config.critic.generator_fraction > 0:
             sampled = max(1, int(round(config.critic.batch_size * config.critic.generator_fraction)))
-            generator = TextModel(model_config, warmed_up_params(), tokenizer, lengths.input, lengths.target,
-                                  bucket=lengths.input, batch_size=sampled, mesh=mesh)
-        pairs = refiner_lib.critic_pairs(task, train, config.seed, generator, config.critic.generator_fraction,
-                                         top_p=config.critic.generator_top_p, balanced=config.critic.balanced)
+            generator = TextModel(s.model_config, self.warmed_up_params(), s.tokenizer, lengths.input,
+                                  lengths.target, bucket=lengths.input, batch_size=sampled, mesh=s.mesh)
+        pairs = refiner_lib.critic_pairs(task, self.train_set, config.seed, generator,
+                                         config.critic.generator_fraction, top_p=config.critic.generator_top_p,
+                                         balanced=config.critic.balanced)
         return StageSpec(
-            "critic", config.critic, len(train), pairs,
+            "critic", config.critic, len(self.train_set), pairs,
             lambda p: refiner_lib.critic_validation(
-                task, ModelCritic(text_model(p, lengths.critic_input, lengths.feedback), task), critic_val,
+                task, ModelCritic(self.text_model(p, lengths.critic_input, lengths.feedback), task), critic_val,
                 config.seed),
             "paired_auroc", lengths.critic_input, lengths.feedback)
 
-    def fresh_problems() -> tuple[list[Example], list[Example]]:
+    def refiner_spec(self) -> StageSpec:
+        config, lengths = self.config, self.lengths
+        sampler_model = self.text_model(None, lengths.refine_input, lengths.target)
+        return StageSpec("refiner", config.refiner, len(self.train_set),
+                         refiner_lib.refiner_pairs(self.task, self.train_set, sampler_model, config.refiner,
+                                                   config.seed),
+                         self.generator_eval(self.val[:config.refiner.eval_examples]), self.task.primary_metric,
+                         lengths.refine_input, lengths.target)
+
+    def fresh_problems(self) -> tuple[list[Example], list[Example]]:
         """(calibration, critic training) problems from the task's generator, no split's: the first
         `critic.calibration_examples`, then `critic.fresh_problems`; ([], []) for a task that reads a dataset."""
-        fresh = getattr(task, "fresh_problems", None)
-        count = config.critic.calibration_examples
-        problems = fresh(count + config.critic.fresh_problems, config.task.data_dir or None) if fresh else []
+        fresh = getattr(self.task, "fresh_problems", None)
+        count = self.config.critic.calibration_examples
+        problems = fresh(count + self.config.critic.fresh_problems, self.config.task.data_dir or None) if fresh else []
         return problems[:count], problems[count:]
 
-    def calibration_problems() -> list[Example]:
+    def calibration_problems(self) -> list[Example]:
         """Problems no stage trained on or chose a checkpoint by: fresh ones, else the validation problems past
         those the stages validate on (a generator chosen on a problem looks better there than it is), else all of
         validation."""
-        held_out = fresh_problems()[0]
+        held_out = self.fresh_problems()[0]
         if held_out:
             return held_out
-        used = max(config[name].eval_examples for name in ("warmup", "critic", "refiner"))
-        count = config.critic.calibration_examples
-        return val[used:used + count] or val[:count]
+        used = max(self.config[name].eval_examples for name in ("warmup", "critic", "refiner"))
+        count = self.config.critic.calibration_examples
+        return self.val[used:used + count] or self.val[:count]
 
-    def calibrate_critic():
+    def calibrate_critic(self) -> None:
         """Calibrates the trained critic's "No hint" threshold on `calibration_problems`, with the best generator
         trained so far (`evaluate.calibrate_for_refinement`: the threshold that helps one refinement turn most);
         without a generator, by error-detection accuracy on perturbations. Done again when a better generator
         (the REFINER one) has been trained since."""
         from refiner_jax import evaluate
 
+        config, workdir, task = self.config, self.workdir, self.task
         path = os.path.join(workdir, "critic", CALIBRATION_FILE)
         generators = [name for name in ("refiner", "warmup") if stage_done(workdir, name) is not None]
         source = generators[0] if generators else "perturbations"
@@ -273,12 +326,13 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
             with open(path, encoding="utf-8") as f:
                 if json.load(f).get("generator") == source:
                     return
-        critic = load_critic(RunInfo(workdir, json.loads(config.to_json())), task, config.eval.batch_size, mesh)
-        examples = calibration_problems()
+        critic = load_critic(RunInfo(workdir, json.loads(config.to_json())), task, config.eval.batch_size,
+                             self.s.mesh)
+        examples = self.calibration_problems()
         if generators:
             params = ckpt_lib.load_params(os.path.join(workdir, source, "export"))[0]
             calibration = evaluate.calibrate_for_refinement(
-                task, critic, text_model(params, lengths.refine_input, lengths.target), examples,
+                task, critic, self.text_model(params, self.lengths.refine_input, self.lengths.target), examples,
                 config.refiner.template)
         else:
             hypotheses = [task.perturb(ex, random.Random(config.seed + i))[0] for i, ex in enumerate(examples)]
@@ -291,55 +345,29 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
                                                       for k, v in calibration.items()))
         shd.sync_processes("critic calibrated")
 
-    def generator_eval(examples):
-        def evaluate(p):
-            return refiner_lib.generator_metrics(task, text_model(p, lengths.input, lengths.target), examples)
-        return evaluate
-
-    warm_train = train[:max(config.warmup.batch_size, int(round(len(train) * config.warmup.fraction)))]
-
-    def warmup_spec():
-        fraction = config.warmup.feedback_fraction
-        pairs = refiner_lib.warmup_pairs(warm_train, task, fraction, config.refiner.template, config.seed)
-        return StageSpec("warmup", config.warmup, len(warm_train), pairs,
-                         generator_eval(val[:config.warmup.eval_examples]), task.primary_metric,
-                         lengths.refine_input if fraction > 0 else lengths.input, lengths.target)
-
-    def refiner_spec():
-        sampler_model = text_model(None, lengths.refine_input, lengths.target)
-        return StageSpec("refiner", config.refiner, len(train),
-                         refiner_lib.refiner_pairs(task, train, sampler_model, config.refiner, config.seed),
-                         generator_eval(val[:config.refiner.eval_examples]), task.primary_metric,
-                         lengths.refine_input, lengths.target)
-
-    run_stage("warmup", warmup_spec, pretrained)
-    run_stage("critic", critic_spec, pretrained)
-    if "refiner" in stages and stage_done(workdir, "refiner") is None:
-        run_stage("refiner", refiner_spec, warmed_up_params())  # the loop starts from the warmed-up generator
-    else:
-        results["refiner"] = stage_done(workdir, "refiner")
-    if {"critic", "refiner", "eval"} & set(stages):
-        calibrate_critic()
-    results["eval"] = stage_done(workdir, "eval")
-    if "eval" in stages and results["eval"] is None:
+    def evaluate(self) -> None:
+        """The results tables (`evaluate.evaluate_run`) once, when requested; `eval/DONE` marks them written."""
+        workdir = self.workdir
+        self.results["eval"] = stage_done(workdir, "eval")
+        if "eval" not in self.stages or self.results["eval"] is not None:
+            return
         from refiner_jax import evaluate, results as results_lib
 
         start = time.time()
-        evaluation = evaluate.evaluate_run(workdir, json.loads(config.to_json()), max_examples=config.eval.examples,
-                                           out_dir=workdir, mesh=mesh)
-        timings["eval"] = time.time() - start
-        results["eval"] = {"rows": evaluation["rows"], "seconds": timings["eval"]}
+        evaluation = evaluate.evaluate_run(workdir, json.loads(self.config.to_json()),
+                                           max_examples=self.config.eval.examples, out_dir=workdir, mesh=self.s.mesh)
+        self.timings["eval"] = time.time() - start
+        self.results["eval"] = {"rows": evaluation["rows"], "seconds": self.timings["eval"]}
         if shd.is_main_process():
             os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
             with open(os.path.join(workdir, "eval", "DONE"), "w", encoding="utf-8") as f:
-                json.dump(results["eval"], f, indent=2, default=float)
+                json.dump(self.results["eval"], f, indent=2, default=float)
             results_lib.print_results(os.path.join(workdir, "results.json"))
-    log.close()
-    if shd.is_main_process():
-        with open(os.path.join(workdir, "timings.json"), "a", encoding="utf-8") as f:
-            f.write(json.dumps(timings) + "\n")
-        print("[timings] " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
-    return results
 
-
-__all__ = ["STAGES", "Setup", "build_tokenizer", "load_splits", "model_setup", "run", "setup"]
+    def finish(self) -> dict:
+        self.s.log.close()
+        if shd.is_main_process():
+            with open(os.path.join(self.workdir, "timings.json"), "a", encoding="utf-8") as f:
+                f.write(json.dumps(self.timings) + "\n")
+            print("[timings] " + ", ".join(f"{k} {v:.0f}s" for k, v in self.timings.items()))
+        return self.results

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from refiner_jax.refine import TextModel
+from refiner_jax.text_model import TextModel
 from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task, refine_input
 
 

@@ -31,7 +31,7 @@ from refiner_jax import sharding as shd
 from refiner_jax.evaluate import error_auroc, paired_auroc
 from refiner_jax.models.reward import RewardModel
 from refiner_jax.models.base import LanguageModel
-from refiner_jax.refine import TextModel
+from refiner_jax.text_model import TextModel
 from refiner_jax.tasks.base import Example, Task
 from refiner_jax.tasks.prm800k import read_prm800k
 from refiner_jax.training import config as config_lib
@@ -281,7 +281,7 @@ class Run:
             f"SFT log-prob rerank (K={k})": rerank.best_of_k(answers, log_probs),
         }
         if c.reward.critic_workdir:  # a REFINER run's trained critic: its confidence that a sample is right
-            from refiner_jax.refine import load_critic
+            from refiner_jax.critics import load_critic
 
             critic = load_critic(c.reward.critic_workdir, task, c.eval.batch_size, self.s.mesh)
             confidence = critic.confidence([ex for ex in test for _ in range(k)], flat_h).reshape(len(test), k)

@@ -25,7 +25,8 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from refiner_jax import sharding as shd
 from refiner_jax.models.base import LanguageModel
-from refiner_jax.models.t5 import PAD_ID, shift_right
+from refiner_jax.models.t5 import shift_right
+from refiner_jax.tokenizers import PAD_ID
 from refiner_jax.training.state import TrainState
 
 Batch = dict[str, jax.Array]
