@@ -75,7 +75,8 @@ def _t5_sampler(name: str, seed: int, device):
     from flax.linen import meta
 
     from refiner_jax.models import hf, t5_sampling
-    from refiner_jax.models.t5 import T5, preset
+    from refiner_jax.models.t5 import T5
+    from refiner_jax.models.t5_config import preset
 
     config = preset(name, dropout_rate=0.0)
     dummy = jnp.ones((1, 8), jnp.int32)
@@ -240,7 +241,8 @@ def bench_train(args) -> dict:
 
     from refiner_jax import sharding
     from refiner_jax.models import hf
-    from refiner_jax.models.t5 import T5, preset
+    from refiner_jax.models.t5 import T5
+    from refiner_jax.models.t5_config import preset
     from refiner_jax.training import create_train_state, make_optimizer, make_train_step, seq2seq_loss
 
     device = _torch_setup(torch, args)

@@ -23,7 +23,8 @@ from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax import rerank
 from refiner_jax.models.decoder import Decoder, DecoderConfig
 from refiner_jax.models.reward import RewardModel
-from refiner_jax.models.t5 import T5, T5Config, shift_right
+from refiner_jax.models.t5 import T5, shift_right
+from refiner_jax.models.t5_config import T5Config
 from refiner_jax.tasks.base import Example, Task
 from refiner_jax.tokenizers import Tokenizer
 

@@ -19,7 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from refiner_jax import sharding as shd  # noqa: E402
 from refiner_jax.checkpoint import Checkpointer  # noqa: E402
-from refiner_jax.models.t5 import T5, preset  # noqa: E402
+from refiner_jax.models.t5 import T5  # noqa: E402
+from refiner_jax.models.t5_config import preset  # noqa: E402
 from refiner_jax.training import (EpochOrder, abstract_train_state, create_train_state, make_optimizer,  # noqa: E402
                                   make_train_step, seq2seq_loss)
 

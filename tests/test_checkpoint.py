@@ -99,7 +99,8 @@ def test_fresh_train_state_from_exported_params(tmp_path):
     import flax.linen as nn
 
     from refiner_jax import sharding as shd
-    from refiner_jax.models.t5 import T5, preset
+    from refiner_jax.models.t5 import T5
+    from refiner_jax.models.t5_config import preset
     from refiner_jax.training import make_optimizer, train_state_from_params
 
     model = T5(preset("t5-tiny", num_layers=1))
@@ -152,7 +153,8 @@ def test_epoch_order_is_a_resumable_permutation():
 
 def _multi_device_report(workdir: str) -> dict:
     from refiner_jax import sharding as shd
-    from refiner_jax.models.t5 import T5, preset
+    from refiner_jax.models.t5 import T5
+    from refiner_jax.models.t5_config import preset
     from refiner_jax.training import abstract_train_state, make_optimizer
 
     model = T5(preset("t5-tiny", num_layers=1))

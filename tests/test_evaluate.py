@@ -431,7 +431,8 @@ def test_text_model_log_probs_follow_each_text_across_batches_and_padding():
     import jax
 
     from refiner_jax.models import t5_sampling
-    from refiner_jax.models.t5 import T5, preset
+    from refiner_jax.models.t5 import T5
+    from refiner_jax.models.t5_config import preset
     from refiner_jax.tokenizers import ByteTokenizer
 
     tok = ByteTokenizer()

@@ -12,7 +12,7 @@ from flax.linen import meta
 
 from refiner_jax.models.base import LanguageModel, config_from_dict
 from refiner_jax.models.decoder import preset as decoder_preset
-from refiner_jax.models.t5 import preset as t5_preset
+from refiner_jax.models.t5_config import preset as t5_preset
 from refiner_jax.text_model import TextModel, load_text_model
 from refiner_jax.tokenizers import ByteTokenizer
 from refiner_jax.training import config as config_lib

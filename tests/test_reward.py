@@ -20,7 +20,8 @@ import optax  # noqa: E402
 from refiner_jax import reward  # noqa: E402
 from refiner_jax.models import decoder as decoder_lib  # noqa: E402
 from refiner_jax.models.reward import RewardModel  # noqa: E402
-from refiner_jax.models.t5 import T5, preset  # noqa: E402
+from refiner_jax.models.t5 import T5  # noqa: E402
+from refiner_jax.models.t5_config import preset  # noqa: E402
 from refiner_jax.tasks import mwp  # noqa: E402
 from refiner_jax.tasks.base import Example  # noqa: E402
 from refiner_jax.tokenizers import ByteTokenizer  # noqa: E402

@@ -13,7 +13,10 @@ from flax.linen import meta
 
 from refiner_jax import sampling
 from refiner_jax.models import t5_sampling
-from refiner_jax.models.t5 import T5, T5Config
+from refiner_jax.models.t5 import T5
+
+# ---------------------------------------------------------------------------------------------------------------
+from refiner_jax.models.t5_config import T5Config
 
 # ---------------------------------------------------------------------------------------------------------------
 # Stub models with hand-worked expected tokens (cf. the worked examples in `sampling.sample`'s docstring)
@@ -382,7 +385,8 @@ def _text_model_mesh_report(mesh) -> dict:
     """`text_model.TextModel` with a mesh: its batches of 3 texts padded to 4 rows and split over the 4 devices, against
     the same model on one device."""
     from refiner_jax import text_model
-    from refiner_jax.models.t5 import T5, preset
+    from refiner_jax.models.t5 import T5
+    from refiner_jax.models.t5_config import preset
     from refiner_jax.tokenizers import ByteTokenizer
 
     tok = ByteTokenizer()
@@ -441,7 +445,7 @@ def test_text_model_splits_its_batches_over_a_mesh(mesh_report):
 
 
 def test_auto_row_chunks_only_splits_large_decode_state_of_small_models_on_cpu():
-    from refiner_jax.models.t5 import preset
+    from refiner_jax.models.t5_config import preset
 
     tiny, small = preset("t5-tiny"), preset("t5-small")
     # t5-tiny: 2.29 MB of decoder weights (LM head included); each prompt of 128 tokens + 64 new ones caches

@@ -140,7 +140,8 @@ def _state_bytes(abstract, shardings) -> dict:
 def _multi_device_report() -> dict:
     import jax.numpy as jnp
 
-    from refiner_jax.models.t5 import T5, preset
+    from refiner_jax.models.t5 import T5
+    from refiner_jax.models.t5_config import preset
     from refiner_jax.training import abstract_train_state, make_optimizer
 
     assert jax.device_count() == 8, jax.devices()

@@ -8,7 +8,8 @@ import pytest
 from flax.linen import meta
 
 from refiner_jax.models import hf
-from refiner_jax.models.t5 import T5, T5Config, preset, relative_position_buckets, shift_right
+from refiner_jax.models.t5 import T5, relative_position_buckets, shift_right
+from refiner_jax.models.t5_config import T5Config, preset
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

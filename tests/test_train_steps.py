@@ -226,7 +226,8 @@ def _multi_device_report() -> dict:
     from jax.sharding import PartitionSpec as P
 
     from refiner_jax import sharding as shd
-    from refiner_jax.models.t5 import T5, preset
+    from refiner_jax.models.t5 import T5
+    from refiner_jax.models.t5_config import preset
     from refiner_jax.training import (create_train_state, make_eval_step, make_train_step, seq2seq_loss,
                                       train_state_shardings)
     from refiner_jax.training.steps import _sum_over

@@ -2,6 +2,7 @@
 `decoder_sampling`) and their transformers checkpoint bridges (`hf`, `hf_decoder`). Models know nothing of tasks or
 training."""
 from refiner_jax.models.decoder import Decoder, DecoderConfig
-from refiner_jax.models.t5 import PRESETS, T5, T5Config, preset, shift_right
+from refiner_jax.models.t5 import T5, shift_right
+from refiner_jax.models.t5_config import PRESETS, T5Config, preset
 
 __all__ = ["Decoder", "DecoderConfig", "PRESETS", "T5", "T5Config", "preset", "shift_right"]

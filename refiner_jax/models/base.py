@@ -24,7 +24,8 @@ from refiner_jax import sampling
 from refiner_jax.models.decoder import Decoder, DecoderConfig
 from refiner_jax.models import t5_sampling
 from refiner_jax.models.decoder_sampling import sample_decoder
-from refiner_jax.models.t5 import T5, T5Config, shift_right
+from refiner_jax.models.t5 import T5, shift_right
+from refiner_jax.models.t5_config import T5Config
 
 FAMILIES = ("t5", "decoder")
 

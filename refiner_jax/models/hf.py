@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 import jax.numpy as jnp
 import numpy as np
 
-from refiner_jax.models.t5 import HUB_NAMES, T5Config
+from refiner_jax.models.t5_config import HUB_NAMES, T5Config
 
 # transformers config fields that map one to one onto T5Config.
 _CONFIG_FIELDS = ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers", "num_heads",

@@ -10,7 +10,7 @@ import string
 import ml_collections
 
 from refiner_jax import sharding as shd
-from refiner_jax.models.t5 import HUB_NAMES, PRESETS
+from refiner_jax.models.t5_config import HUB_NAMES, PRESETS
 from refiner_jax.models.base import FAMILIES
 from refiner_jax.models.decoder import PRESETS as DECODER_PRESETS
 from refiner_jax.models.reward import HEADS

@@ -27,7 +27,7 @@ from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax import sharding as shd
 from refiner_jax.models.base import LanguageModel
 from refiner_jax.models.decoder import DecoderConfig
-from refiner_jax.models.t5 import T5Config
+from refiner_jax.models.t5_config import T5Config
 from refiner_jax.tokenizers import Tokenizer
 from refiner_jax.training.data_order import EpochOrder
 from refiner_jax.training.optim import make_optimizer

@@ -25,7 +25,7 @@ from refiner_jax import sharding as shd
 from refiner_jax.models import decoder as decoder_lib
 from refiner_jax.models import hf, hf_decoder
 from refiner_jax.models.decoder import DecoderConfig
-from refiner_jax.models.t5 import T5Config, preset
+from refiner_jax.models.t5_config import T5Config, preset
 from refiner_jax.critics import CALIBRATION_FILE, ModelCritic, SolverCritic, load_critic
 from refiner_jax.text_model import RunInfo, TextModel
 from refiner_jax.tasks import get_task
