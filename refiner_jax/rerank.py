@@ -271,13 +271,17 @@ def trace_error(correct, steps_correct) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class RulesTable:
-    """`rows[rule][column] = {"mean", "low", "high"}` for `COLUMNS` (point estimate and bootstrap interval)."""
+    """`rows[rule][column] = {"mean", "low", "high"}` for `COLUMNS` (point estimate and bootstrap interval);
+    `deltas[rule]`: the rule's final-answer error minus the `baseline` rule's, paired over the same resampled
+    problem sets."""
 
     rows: dict
     rate: float
     n_problems: int
     samples: int
     alpha: float
+    deltas: dict = dataclasses.field(default_factory=dict)
+    baseline: str = ""
 
 
 def _checked(name: str, out: Outcome) -> Outcome:
@@ -322,12 +326,17 @@ def results_table(outcomes: Mapping[str, Outcome], rate: float = 0.3, samples: i
         idx = rng.integers(0, n, size=(min(block, samples - start), n))  # [b, n] shared by every rule
         for name, o in outs.items():
             draws[name].append(_statistics(o, idx, kept))
-    rows = {}
+    rows, deltas = {}, {}
+    baseline = next(iter(outs))
+    base_point = _statistics(outs[baseline], np.arange(n)[None], kept)[0]
+    base_values = np.concatenate(draws[baseline])
     for name, o in outs.items():
         point = _statistics(o, np.arange(n)[None], kept)[0]
         values = np.concatenate(draws[name])  # [samples, 3]
         rows[name] = {col: _interval(point[j], values[:, j], alpha) for j, col in enumerate(COLUMNS)}
-    return RulesTable(rows, rate, n, samples, alpha)
+        if name != baseline:
+            deltas[name] = _interval(point[0] - base_point[0], values[:, 0] - base_values[:, 0], alpha)
+    return RulesTable(rows, rate, n, samples, alpha, deltas, baseline)
 
 
 def _interval(point: float, values: np.ndarray, alpha: float) -> dict:
@@ -341,9 +350,13 @@ def _interval(point: float, values: np.ndarray, alpha: float) -> dict:
 def markdown_table(table: RulesTable) -> str:
     """The table in Markdown, errors in % as `value [low, high]` (the format of `results.md`)."""
     header = ["Rule", "Final-answer error (%)", "Trace error (%)", f"Error at {100 * table.rate:g}% abstention (%)"]
+    if table.deltas:
+        header.append(f"Δ final-answer error vs {table.baseline}, paired")
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for name, row in table.rows.items():
         cells = ["–" if math.isnan(row[c]["mean"]) else format_ci(row[c]) for c in COLUMNS]
+        if table.deltas:
+            cells.append(format_ci(table.deltas[name], signed=True) if name in table.deltas else "–")
         lines.append("| " + " | ".join([name, *cells]) + " |")
     lines.append(f"\n{table.n_problems} problems; brackets: {100 * (1 - table.alpha):g}% percentile-bootstrap "
                  f"interval over problems ({table.samples} resampled sets shared by all rules).")

@@ -26,7 +26,7 @@ from refiner_jax.models.reward import RewardModel
 from refiner_jax.models.t5 import T5, shift_right
 from refiner_jax.models.t5_config import T5Config
 from refiner_jax.tasks.base import Example, Task
-from refiner_jax.tokenizers import Tokenizer
+from refiner_jax.tokenizers import PAD_ID, Tokenizer
 
 KINDS = ("orm", "prm")
 
@@ -90,24 +90,30 @@ def encode_solution(tokenizer: Tokenizer, text: str, steps: Sequence[str]) -> tu
 
 
 def _steps_batch(rows: Sequence[tuple[list[int], list[int]]], labels: Sequence[Sequence[bool]] | None,
-                 length: int, max_steps: int, offsets: Sequence[int], eos_id: int, pad_id: int) -> dict:
+                 length: int, max_steps: int, offsets: Sequence[int], starts: Sequence[int], eos_id: int,
+                 pad_id: int) -> dict:
     """Token ids [b, length] (truncated rows keep EOS last), read positions = `offsets` + each step's last-token
-    index [b, max_steps], labels and label mask [b, max_steps]; steps cut off by either budget are masked."""
+    index [b, max_steps], labels and label mask [b, max_steps]; steps cut off by either budget are masked.
+    `solution_mask` [b, length] is 1 at the read positions whose token just read is one of the solution's: row i's
+    tokens `starts[i]` up to its EOS (excluded), read at `offsets[i]` + their index."""
     b = len(rows)
     tokens = np.full((b, length), pad_id, np.int32)
     positions = np.zeros((b, max_steps), np.int32)
     mask = np.zeros((b, max_steps), np.float32)
     out_labels = np.zeros((b, max_steps), np.float32)
+    solution = np.zeros((b, length), np.float32)
     for i, (ids, last) in enumerate(rows):
         if len(ids) > length:
             ids = ids[:length - 1] + [eos_id]
         tokens[i, :len(ids)] = ids
+        solution[i, starts[i] + offsets[i]:min(len(ids) - 1 + offsets[i], length)] = 1.0
         kept = [j for j, t in enumerate(last[:max_steps]) if t < len(ids) - 1]  # the step's tokens all fit
         positions[i, :len(kept)] = np.asarray([last[j] for j in kept], np.int32) + offsets[i]
         mask[i, :len(kept)] = 1.0
         if labels is not None and labels[i]:  # a scorer's solutions come without labels
             out_labels[i, :len(kept)] = [float(labels[i][j]) for j in kept]
-    return {"tokens": tokens, "positions": positions, "labels": out_labels, "label_mask": mask}
+    return {"tokens": tokens, "positions": positions, "labels": out_labels, "label_mask": mask,
+            "solution_mask": solution}
 
 
 def t5_batch(tokenizer: Tokenizer, solutions: Sequence[LabelledSolution], input_len: int, target_len: int,
@@ -117,7 +123,7 @@ def t5_batch(tokenizer: Tokenizer, solutions: Sequence[LabelledSolution], input_
     is read at j + 1), `positions`, `labels`, `label_mask` [b, max_steps]."""
     rows = [encode_solution(tokenizer, s.text, s.steps) for s in solutions]
     batch = _steps_batch(rows, [s.labels for s in solutions], target_len, max_steps, [1] * len(rows),
-                         tokenizer.eos_id, tokenizer.pad_id)
+                         [0] * len(rows), tokenizer.eos_id, tokenizer.pad_id)
     batch["targets"] = batch.pop("tokens")
     batch["inputs"] = tokenizer.encode_batch([s.prompt for s in solutions], input_len, pad_to=input_len)
     # The reference solutions, for the joint LM loss (all pad where unknown: such rows add nothing to it).
@@ -134,33 +140,55 @@ def decoder_batch(tokenizer: Tokenizer, solutions: Sequence[LabelledSolution], l
                   max_steps: int) -> dict[str, np.ndarray]:
     """A decoder-LM reward-model batch: `tokens` [b, length] = prompt ids and EOS (as the decoder policy reads its
     prompts, `models.base.LanguageModel.pair_batch`), then solution ids, right-padded, with `mask` [b, length] at
-    real tokens; a step ending at solution token j is read at len(prompt) + 1 + j."""
+    real tokens; a step ending at solution token j is read at len(prompt) + 1 + j. `references`, `reference_mask`
+    and `reference_weights` [b, length] (1 at the reference's tokens): the same layout with the gold solution, for
+    the joint LM loss (no weight where unknown)."""
     prompts = [tokenizer.encode(s.prompt) for s in solutions]
     rows = [(p + ids, [len(p) + t for t in last])
             for p, (ids, last) in zip(prompts, (encode_solution(tokenizer, s.text, s.steps) for s in solutions))]
     batch = _steps_batch(rows, [s.labels for s in solutions], length, max_steps, [0] * len(rows),
-                         tokenizer.eos_id, tokenizer.pad_id)
+                         [len(p) for p in prompts], tokenizer.eos_id, tokenizer.pad_id)
     batch["mask"] = np.zeros(batch["tokens"].shape, np.int32)
     for i, (ids, _) in enumerate(rows):
         batch["mask"][i, :min(len(ids), length)] = 1
+    batch["references"] = np.full((len(solutions), length), tokenizer.pad_id, np.int32)
+    batch["reference_mask"] = np.zeros((len(solutions), length), np.int32)
+    batch["reference_weights"] = np.zeros((len(solutions), length), np.float32)
+    for i, (p, s) in enumerate(zip(prompts, solutions)):
+        if s.reference and len(p) < length:
+            ids = (p + tokenizer.encode(s.reference))[:length]
+            batch["references"][i, :len(ids)] = ids
+            batch["reference_mask"][i, :len(ids)] = 1
+            batch["reference_weights"][i, len(p):len(ids)] = 1.0
     return batch
 
 
-def reference_logits(module: RewardModel, params: Any, batch: dict, rng: jax.Array | None = None) -> jax.Array:
-    """The T5 trunk's teacher-forced logits [b, target_len, vocab] of `batch['references']` given the prompts."""
+def reference_lm(module: RewardModel, params: Any, batch: dict, rng: jax.Array | None = None
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The trunk's teacher-forced (logits [b, len, vocab], targets [b, len], weights [b, len]) of the reference
+    solutions `batch['references']` given the prompts, for the joint language-modelling loss."""
     rngs = None if rng is None else {"dropout": rng}
-    return module.apply({"params": params}, batch["inputs"], shift_right(batch["references"]), train=rng is not None,
-                        rngs=rngs, method=RewardModel.lm_logits)
+    train = rng is not None
+    references = batch["references"]
+    if isinstance(module.lm, T5):
+        logits = module.apply({"params": params}, batch["inputs"], shift_right(references), train=train, rngs=rngs,
+                              method=RewardModel.lm_logits)
+        return logits, references, references != PAD_ID
+    weights = batch["reference_weights"]
+    logits = module.apply({"params": params}, references, batch["reference_mask"], train=train, rngs=rngs,
+                          method=RewardModel.lm_logits)
+    return logits[:, :-1], references[:, 1:], weights[:, 1:]
 
 
 def step_log_odds(module: RewardModel, params: Any, batch: dict, rng: jax.Array | None = None) -> jax.Array:
     """The reward model's log-odds [b, max_steps] on a `t5_batch` or `decoder_batch` (dropout with `rng`)."""
     rngs = None if rng is None else {"dropout": rng}
+    extra = {"solution_mask": batch["solution_mask"]} if module.likelihood else {}
     if isinstance(module.lm, T5):
         return module.apply({"params": params}, batch["positions"], batch["inputs"], shift_right(batch["targets"]),
-                            train=rng is not None, rngs=rngs)
+                            train=rng is not None, rngs=rngs, **extra)
     return module.apply({"params": params}, batch["positions"], batch["tokens"], batch["mask"],
-                        train=rng is not None, rngs=rngs)
+                        train=rng is not None, rngs=rngs, **extra)
 
 
 def label_ids(tokenizer: Tokenizer, label_tokens: Sequence[str]) -> tuple[int, int]:
@@ -210,7 +238,8 @@ class RewardScorer:
                 batch = t5_batch(self.tokenizer, chunk + pad, self.input_len, self.target_len, self.max_steps)
             else:
                 batch = decoder_batch(self.tokenizer, chunk + pad, self.input_len + self.target_len, self.max_steps)
-            feed = {k: v for k, v in batch.items() if k not in ("labels", "references")}
+            feed = {k: batch[k] for k in ("inputs", "targets", "tokens", "mask", "positions", "solution_mask")
+                    if k in batch}
             probs = np.asarray(jax.nn.sigmoid(self._fn(self.params, feed)))  # [batch, max_steps]
             for i in range(len(chunk)):
                 out.append(probs[i, batch["label_mask"][i] > 0])
@@ -234,7 +263,8 @@ def export_metadata(module: RewardModel, kind: str, max_steps: int) -> dict:
     """What `load_reward_model` needs beside the parameters."""
     family = "t5" if isinstance(module.lm, T5) else "decoder"
     return {"model_config": dataclasses.asdict(module.lm.config), "family": family, "head": module.head,
-            "label_ids": list(module.label_ids), "kind": kind, "max_steps": max_steps}
+            "label_ids": list(module.label_ids), "likelihood": module.likelihood, "kind": kind,
+            "max_steps": max_steps}
 
 
 def load_reward_model(stage_dir: str, tokenizer: Tokenizer, task: Task, input_len: int, target_len: int,
@@ -248,6 +278,6 @@ def load_reward_model(stage_dir: str, tokenizer: Tokenizer, task: Task, input_le
     params, meta = ckpt_lib.load_params(export)
     config = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["model_config"].items()}  # JSON lists
     lm = T5(T5Config(**config)) if meta["family"] == "t5" else Decoder(DecoderConfig(**config))
-    module = RewardModel(lm, meta["head"], tuple(meta["label_ids"]))
+    module = RewardModel(lm, meta["head"], tuple(meta["label_ids"]), meta.get("likelihood", False))
     return RewardScorer(module, params, tokenizer, input_len, target_len, meta["max_steps"], batch_size,
                         task.split_steps)

@@ -237,6 +237,11 @@ def test_results_table_hand_worked_and_paired():
     # its bounds are not either; separately drawn resamples would not guarantee this.
     for bound in ("low", "high"):
         assert table.rows["worse"]["final_answer_error"][bound] >= table.rows["a"]["final_answer_error"][bound]
+    # Paired differences against the first rule: one more wrong problem of 20 is +5 points, never below 0.
+    assert table.baseline == "a" and set(table.deltas) == {"worse", "perfect"}
+    assert table.deltas["worse"]["mean"] == pytest.approx(0.05) and table.deltas["worse"]["low"] >= 0.0
+    assert table.deltas["perfect"]["mean"] == pytest.approx(-0.25) and table.deltas["perfect"]["high"] < 0.0
+    assert "Δ final-answer error vs a, paired" in rerank.markdown_table(table)
     with pytest.raises(ValueError, match="different numbers of problems"):
         rerank.results_table({"a": a, "short": rerank.Outcome(np.ones(3, bool), np.ones(3))})
 
@@ -245,10 +250,12 @@ def test_markdown_table():
     table = rerank.results_table({"a": _rule_a(), "no_steps": rerank.Outcome(np.ones(20, bool), np.ones(20))},
                                  samples=200)
     lines = rerank.markdown_table(table).splitlines()
-    assert lines[0] == "| Rule | Final-answer error (%) | Trace error (%) | Error at 30% abstention (%) |"
-    assert lines[1] == "|---|---|---|---|"
+    assert lines[0] == ("| Rule | Final-answer error (%) | Trace error (%) | Error at 30% abstention (%) | "
+                        "Δ final-answer error vs a, paired |")
+    assert lines[1] == "|---|---|---|---|---|"
     assert lines[2].startswith("| a | 25.0 [") and "| 20.0 [" in lines[2] and "| 7.1 [" in lines[2]
-    assert lines[3].startswith("| no_steps | 0.0 [0.0, 0.0] | – |")
+    assert lines[2].endswith("| – |")  # the baseline itself
+    assert lines[3].startswith("| no_steps | 0.0 [0.0, 0.0] | – |") and "| -25.0 [" in lines[3]
     assert "20 problems" in lines[-1] and "95% percentile-bootstrap" in lines[-1]
 
 

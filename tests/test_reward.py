@@ -20,7 +20,7 @@ import optax  # noqa: E402
 from refiner_jax import reward  # noqa: E402
 from refiner_jax.models import decoder as decoder_lib  # noqa: E402
 from refiner_jax.models.reward import RewardModel  # noqa: E402
-from refiner_jax.models.t5 import T5  # noqa: E402
+from refiner_jax.models.t5 import T5, shift_right  # noqa: E402
 from refiner_jax.models.t5_config import preset  # noqa: E402
 from refiner_jax.tasks import mwp  # noqa: E402
 from refiner_jax.tasks.base import Example  # noqa: E402
@@ -80,7 +80,7 @@ def test_step_ends_are_token_boundaries_in_training_and_scoring_batches():
     seen = {}
     scorer._fn = lambda params, batch: seen.update(batch) or jnp.zeros(batch["positions"].shape)
     scorer.step_scores([example().x], [text])
-    for key in ("inputs", "targets", "positions", "label_mask"):
+    for key in ("inputs", "targets", "positions", "solution_mask"):
         np.testing.assert_array_equal(seen[key][:1], train[key])
 
 
@@ -109,27 +109,36 @@ def _perturb_params(params, seed=1):
     return jax.tree.unflatten(tree, [0.5 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
 
 
+def _tiny_lm(family):
+    if family == "t5":
+        return T5(preset("t5-tiny", vocab_size=384, num_layers=2, dropout_rate=0.0))
+    return decoder_lib.Decoder(decoder_lib.preset("llama-tiny", vocab_size=384, max_positions=256))
+
+
+def _batch_of(family, tok, sols):
+    if family == "t5":
+        return reward.t5_batch(tok, sols, 40, 112, 4)
+    return reward.decoder_batch(tok, sols, 160, 4)
+
+
+def _init(model, family, batch):
+    lm_inputs = (batch["inputs"], batch["targets"]) if family == "t5" else (batch["tokens"], batch["mask"])
+    return _perturb_params(model.init(jax.random.key(0), jnp.asarray(batch["positions"]), *lm_inputs)["params"])
+
+
 @pytest.mark.parametrize("family", ["t5", "decoder"])
-@pytest.mark.parametrize("head", ["token", "scalar"])
-def test_one_forward_pass_equals_scoring_each_prefix_separately(family, head):
+@pytest.mark.parametrize("head,likelihood", [("token", False), ("scalar", False), ("token", True)])
+def test_one_forward_pass_equals_scoring_each_prefix_separately(family, head, likelihood):
     tok = ByteTokenizer()
     task = mwp.MWPTask()
-    if family == "t5":
-        lm = T5(preset("t5-tiny", vocab_size=384, num_layers=2, dropout_rate=0.0))
-    else:
-        lm = decoder_lib.Decoder(decoder_lib.preset("llama-tiny", vocab_size=384, max_positions=256))
-    model = RewardModel(lm, head, reward.label_ids(tok, ("+", "-")))
+    model = RewardModel(_tiny_lm(family), head, reward.label_ids(tok, ("+", "-")), likelihood)
     solutions = [reward.labelled("prm", task, example(), h) for h in (G3 + " <END>", WRONG_STEP_1)]
 
     def batch_of(sols):
-        if family == "t5":
-            return reward.t5_batch(tok, sols, 40, 112, 4)
-        return reward.decoder_batch(tok, sols, 160, 4)
+        return _batch_of(family, tok, sols)
 
     full = batch_of(solutions)
-    params = model.init(jax.random.key(0), jnp.asarray(full["positions"]),
-                        *((full["inputs"], full["targets"]) if family == "t5" else (full["tokens"], full["mask"])))
-    params = _perturb_params(params["params"])
+    params = _init(model, family, full)
     scores = np.asarray(reward.step_log_odds(model, params, full))  # [2, 4]
     # Reading one token off would change a score by far more than the float32 rounding allowed below.
     assert np.abs(np.diff(scores[:, :3], axis=1)).min() > 1e-2
@@ -139,6 +148,58 @@ def test_one_forward_pass_equals_scoring_each_prefix_separately(family, head):
             prefix = reward.LabelledSolution(sol.prompt, sol.text[:end], sol.steps[:i + 1], sol.labels[:i + 1])
             alone = np.asarray(reward.step_log_odds(model, params, batch_of([prefix])))[0, i]
             np.testing.assert_allclose(scores[row, i], alone, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["t5", "decoder"])
+def test_likelihood_term_is_the_lms_log_probability_of_the_solution_so_far(family):
+    """With `likelihood`, a step's log-odds gain scale x sum of log p(token | everything before it) over the
+    solution's tokens up to the step's last, summed here token by token from the plain LM's logits."""
+    tok = ByteTokenizer()
+    task = mwp.MWPTask()
+    lm = _tiny_lm(family)
+    with_term = RewardModel(lm, "token", reward.label_ids(tok, ("+", "-")), likelihood=True)
+    without = RewardModel(lm, "token", reward.label_ids(tok, ("+", "-")))
+    solution = reward.labelled("orm", task, example(), WRONG_STEP_1)
+    batch = _batch_of(family, tok, [solution])
+    params = dict(_init(with_term, family, batch))
+    params["likelihood_scale"] = jnp.asarray(0.7, jnp.float32)
+    gain = np.asarray(reward.step_log_odds(with_term, params, batch) - reward.step_log_odds(without, params, batch))
+    prompt = tok.encode(solution.prompt)
+    ids, last = reward.encode_solution(tok, solution.text, solution.steps)
+    if family == "t5":
+        logits = lm.apply({"params": params["lm"]}, batch["inputs"], shift_right(batch["targets"]))[0]
+        at = list(range(len(ids)))  # logits[j] predicts solution token j
+    else:
+        logits = lm.apply({"params": params["lm"]}, batch["tokens"], attention_mask=batch["mask"])[0]
+        at = [len(prompt) + j - 1 for j in range(len(ids))]  # the position before solution token j predicts it
+    logits = np.asarray(logits, np.float64)
+    log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    for i, end in enumerate(last):
+        expect = sum(log_probs[at[j], ids[j]] for j in range(end + 1))
+        assert gain[0, i] == pytest.approx(0.7 * expect, rel=1e-4, abs=1e-4)
+
+
+def test_decoder_reference_rows_for_the_joint_lm_loss():
+    """The decoder's reference targets are the gold solution's tokens after the prompt, each predicted from the
+    position before it: the cross-entropy equals the one summed by hand from the LM's logits."""
+    tok = ByteTokenizer()
+    task = mwp.MWPTask()
+    lm = _tiny_lm("decoder")
+    model = RewardModel(lm, "token", reward.label_ids(tok, ("+", "-")))
+    solution = reward.labelled("orm", task, example(), WRONG_STEP_1)
+    batch = _batch_of("decoder", tok, [solution, reward.LabelledSolution("q", "#0: x", ("#0: x",), (True,))])
+    params = _init(model, "decoder", batch)
+    logits, targets, weights = reward.reference_lm(model, params, batch)
+    from refiner_jax.training.steps import masked_cross_entropy
+    ce, count = masked_cross_entropy(logits, targets, weights)
+    row = tok.encode(solution.prompt) + tok.encode(G3)
+    full = np.asarray(lm.apply({"params": params["lm"]}, jnp.asarray([row]), attention_mask=jnp.ones((1, len(row)))),
+                      np.float64)[0]
+    p = len(tok.encode(solution.prompt))
+    expect = -sum(full[t - 1, row[t]] - np.log(np.exp(full[t - 1]).sum()) for t in range(p, len(row)))
+    assert float(count) == len(row) - p  # the second row has no reference: no weight
+    assert float(ce) == pytest.approx(expect, rel=1e-4)
 
 
 # --------------------------------------------------------------------------------------------------- loss
@@ -155,6 +216,26 @@ def test_reward_loss_by_hand():
     assert float(sums["tokens"]) == 5 and float(sums["accuracy_sum"]) == 4  # 0.5 for a wrong step is the miss
 
 
+def test_pairwise_term_by_hand():
+    """Pairs are (right, wrong) solutions of one problem (same group); a solution's label and score are its last
+    labelled step's; rows without a labelled step never pair."""
+    log_odds = np.array([[1.0, 2.0], [0.5, -1.0], [3.0, 0.0], [0.2, 0.0], [0.0, 0.0], [-4.0, 0.0]], np.float32)
+    batch = {"labels": np.array([[1, 1], [1, 0], [1, 0], [0, 0], [1, 0], [0, 0]], np.float32),
+             "label_mask": np.array([[1, 1], [1, 1], [1, 0], [1, 0], [0, 0], [1, 0]], np.float32),
+             "group": np.array([0, 0, 1, 1, 1, 1], np.int32)}
+    # Solution scores 2, -1 | 3, 0.2, (none), -4; labels 1, 0 | 1, 0, (none), 0. Pairs: (0, 1), (2, 3), (2, 5).
+    pairs = [(2.0, -1.0), (3.0, 0.2), (3.0, -4.0)]
+    _, plain = reward_loss(lambda p, b, r: jnp.asarray(log_odds))(None, batch, None)
+    total, sums = reward_loss(lambda p, b, r: jnp.asarray(log_odds), pairwise_weight=0.5)(None, batch, None)
+    expect = sum(math.log1p(math.exp(wrong - right)) for right, wrong in pairs)
+    assert float(sums["pair_loss_sum"]) == pytest.approx(expect, rel=1e-6)
+    assert float(total) == pytest.approx(float(plain["loss_sum"]) + 0.5 * expect, rel=1e-6)
+    _, by_min = reward_loss(lambda p, b, r: jnp.asarray(log_odds), pairwise_weight=1.0, reduction="min")(
+        None, batch, None)  # scores 1, -1 | 3, 0.2, -4: the same pairs, row 0 now scores 1
+    expect_min = sum(math.log1p(math.exp(wrong - right)) for right, wrong in [(1.0, -1.0)] + pairs[1:])
+    assert float(by_min["pair_loss_sum"]) == pytest.approx(expect_min, rel=1e-6)
+
+
 def test_joint_language_modelling_term_by_hand():
     """lm_weight x the summed token cross-entropy of the reference rows (pad ignored), added to the step loss."""
     rng = np.random.default_rng(0)
@@ -163,7 +244,8 @@ def test_joint_language_modelling_term_by_hand():
     batch = {"labels": np.ones((2, 1), np.float32), "label_mask": np.ones((2, 1), np.float32),
              "references": references}
     log_odds = jnp.zeros((2, 1))
-    loss, sums = reward_loss(lambda p, b, r: log_odds, lambda p, b, r: jnp.asarray(logits), 0.5)(None, batch, None)
+    loss, sums = reward_loss(lambda p, b, r: log_odds,
+                             lambda p, b, r: (jnp.asarray(logits), references, references != 0), 0.5)(None, batch, None)
     log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     ce = -sum(log_softmax[i, j, references[i, j]] for i in range(2) for j in range(3) if references[i, j])
     assert float(sums["lm_loss_sum"]) == pytest.approx(ce, rel=1e-5)
@@ -183,20 +265,22 @@ def _multi_device_report() -> dict:
     hyps = [G3, WRONG_STEP_1, G3 + " <END>", "#0: add ( number0, number1 )"] * 4
     sols = [reward.labelled(kind, task, example(), h) for kind in ("prm", "orm") for h in hyps[:8]]
     batch = reward.t5_batch(tok, sols, 16, 112, 4)
+    batch["group"] = np.arange(16, dtype=np.int32) // 2  # problems of 2 solutions, whole on every data shard
     report = {}
-    for head in ("token", "scalar"):
+    for name, head, likelihood, pairwise in (("token", "token", False, 0.0), ("scalar", "scalar", False, 0.0),
+                                             ("pairwise", "scalar", True, 1.0)):
         model = RewardModel(T5(preset("t5-tiny", vocab_size=384, num_layers=1, dropout_rate=0.0)), head,
-                            reward.label_ids(tok, ("+", "-")))
+                            reward.label_ids(tok, ("+", "-")), likelihood)
         args = (jnp.zeros((1, 4), jnp.int32), jnp.ones((1, 16), jnp.int32), jnp.ones((1, 112), jnp.int32))
         init = lambda k: model.init(k, *args)["params"]  # noqa: E731
-        loss = reward_loss(lambda p, b, r: reward.step_log_odds(model, p, b, r))
-        tx = optax.sgd(1.0)
+        loss = reward_loss(lambda p, b, r: reward.step_log_odds(model, p, b, r), pairwise_weight=pairwise)
+        tx = optax.sgd(1e-2 if likelihood else 1.0)  # the likelihood term's gradient sums over every token
         mesh1 = shd.make_mesh((1, 1, 1), devices=jax.devices()[:1])
         state1, sh1 = create_train_state(init, tx, mesh1, seed=0)
         keep = jax.device_get(state1.params)
         state1, m1 = make_train_step(loss, tx, mesh1, sh1)(state1, batch)
         state1, m1 = make_train_step(loss, tx, mesh1, sh1)(state1, batch)  # a second step moves the zero head too
-        for name, axes in (("data8", {"data": -1}), ("fsdp8", {"fsdp": -1}), ("dp2_fsdp2_tp2", (2, 2, 2))):
+        for mesh_name, axes in (("data8", {"data": -1}), ("fsdp8", {"fsdp": -1}), ("dp2_fsdp2_tp2", (2, 2, 2))):
             mesh = shd.make_mesh(axes)
             sh = train_state_shardings(init, tx, mesh)
             state, _ = create_train_state(init, tx, mesh, seed=0)
@@ -208,9 +292,10 @@ def _multi_device_report() -> dict:
                            jax.device_get(state1.params))))
             moved = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
                         for a, b in zip(jax.tree.leaves(keep), jax.tree.leaves(jax.device_get(state1.params))))
-            report[f"{head}_{name}"] = {"params_diff": diff, "moved": moved,
-                                        "loss_diff": abs(float(m["loss"]) - float(m1["loss"])),
-                                        "tokens": [float(m["tokens"]), float(m1["tokens"])]}
+            report[f"{name}_{mesh_name}"] = {"params_diff": diff, "moved": moved,
+                                             "loss_diff": abs(float(m["loss"]) - float(m1["loss"])),
+                                             "pair_loss": float(m.get("pair_loss", 0.0)),
+                                             "tokens": [float(m["tokens"]), float(m1["tokens"])]}
     return report
 
 
@@ -221,10 +306,12 @@ def report():
     return run_report(__file__, 8, timeout=600, JAX_DISABLE_MOST_OPTIMIZATIONS="1")
 
 
-@pytest.mark.parametrize("head", ["token", "scalar"])
+@pytest.mark.parametrize("variant", ["token", "scalar", "pairwise"])
 @pytest.mark.parametrize("mesh", ["data8", "fsdp8", "dp2_fsdp2_tp2"])
-def test_sharded_reward_step_equals_single_device(report, head, mesh):
-    r = report[f"{head}_{mesh}"]
+def test_sharded_reward_step_equals_single_device(report, variant, mesh):
+    """Token and scalar heads, and a scalar head with the likelihood term and the pairwise loss."""
+    r = report[f"{variant}_{mesh}"]
+    assert (r["pair_loss"] > 0) == (variant == "pairwise")
     assert r["moved"] > 1e-3  # the steps changed the parameters, so equality below says something
     assert r["params_diff"] < 1e-5 * max(1.0, r["moved"]) and r["loss_diff"] < 1e-5
     assert r["tokens"][0] == r["tokens"][1] > 0

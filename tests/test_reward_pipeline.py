@@ -80,6 +80,35 @@ def test_reward_pipeline_end_to_end_and_resume(tmp_path, capsys):
         reward_pipeline.run(c, workdir, stages=("rl",))
 
 
+def test_ranking_reward_models_train_on_whole_problems_for_both_families(tmp_path):
+    """`configs/rm_mwp.py`'s reward models (scalar head, likelihood term, pairwise loss, joint LM loss) through the
+    pipeline on a T5 and a decoder-only LM; their batches hold whole problems, in the order of the drawn indices."""
+    for family, preset in (("t5", "t5-tiny"), ("decoder", "llama-tiny")):
+        c = tiny_config()
+        c.model.family, c.model.preset = family, preset
+        c.reward.head, c.reward.likelihood, c.reward.pairwise_weight, c.reward.lm_weight = "scalar", True, 1.0, 0.1
+        c.reward.batch_size = 6  # 2 problems of 3 samples
+        c.rl.rewards = ()
+        workdir = str(tmp_path / family)
+        run = reward_pipeline.Run(c, workdir, ("sft", "orm"))
+        run.stage("sft", run.sft_spec)
+        spec, init = run.reward_spec("orm")
+        assert spec.stage.batch_size == 2 and spec.num_examples == 24 and float(init["likelihood_scale"]) == 1.0
+        items = spec.make_pairs(None, [5, 2], 0)
+        data = run.reward_data("orm", run.train, run.samples("sft", "sft_train", run.train, 3, c.seed))
+        assert items == data[15:18] + data[6:9]
+        assert spec.collate(items)["group"].tolist() == [0, 0, 0, 1, 1, 1]
+        results = reward_pipeline.run(c, workdir, stages=("orm",))
+        assert 0.0 <= results["orm"]["paired_auroc"] <= 1.0
+        meta = json.load(open(os.path.join(workdir, "orm", "export", "metadata.json")))
+        assert meta["likelihood"] is True and meta["head"] == "scalar" and meta["family"] == family
+        logged = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+        assert any("pair_loss" in m and "lm_loss" in m for m in logged if m["stage"] == "orm")
+        scores = run.scorer(None, "orm").solution_scores([ex.x for ex in run.val], ["#0: add ( number0, number1 )"]
+                                                         * len(run.val))
+        assert scores.shape == (len(run.val),) and ((scores >= 0) & (scores < 1)).all()  # probabilities
+
+
 def test_expert_iteration_keeps_what_the_final_answer_reward_accepts(tmp_path):
     """The "final" filter against hand-labelled samples: right answers kept once each, wrong and empty ones not."""
     task = mwp.MWPTask()
@@ -141,6 +170,7 @@ def test_prm_trains_on_a_label_file_and_a_bad_file_names_its_line(tmp_path):
     ("rl.rewards", ("final", "human"), "config.rl.rewards"),
     ("rl.threshold", 1.5, "config.rl.threshold"),
     ("reward.steps", 10, "config.reward.steps: 10 must exceed reward.optimizer.warmup_steps"),
+    ("reward.pairwise_weight", -1.0, "config.reward.pairwise_weight: must be >= 0"),
 ])
 def test_reward_config_errors_name_the_field(tmp_path, field, value, message):
     c = config_lib.base_config()
@@ -149,6 +179,19 @@ def test_reward_config_errors_name_the_field(tmp_path, field, value, message):
     with pytest.raises(config_lib.ConfigError, match=message):
         reward_pipeline.run(c, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"labels_file": "labels.jsonl"}, "config.reward.pairwise_weight: ranks a problem's sampled solutions"),
+    ({"microbatches": 2}, "config.reward.pairwise_weight: .*set reward.microbatches to 1"),
+    ({"batch_size": 10}, "config.reward.batch_size: 10 must be a multiple of reward.samples 8"),
+])
+def test_pairwise_loss_config_errors(tmp_path, changes, message):
+    c = config_lib.base_config()
+    c.reward.pairwise_weight = 1.0
+    c.reward.update(changes)
+    with pytest.raises(config_lib.ConfigError, match=message):
+        reward_pipeline.run(c, str(tmp_path / "run"))
 
 
 def test_label_tokens_must_be_single_tokens(tmp_path):

@@ -11,6 +11,11 @@ Two heads, selectable:
 - "scalar": a linear head on the final hidden state (Cobbe et al.'s verifier), zero-initialised so that training
   starts from log-odds 0 everywhere.
 
+With `likelihood`, each step's log-odds also add `likelihood_scale` (learned, starting at 1) times the LM's own
+log-likelihood of the solution so far, from the same forward pass: a reward model initialised from the policy then
+starts from the policy's log-probability of the solution, a score no hidden state holds (a transformer does not see
+how surprised it was by the tokens it read), and training moves both terms.
+
 Outcome and process reward models are the same module; they differ only in their labels.
 """
 from __future__ import annotations
@@ -30,6 +35,7 @@ class RewardModel(nn.Module):
     lm: nn.Module
     head: str = "token"
     label_ids: tuple[int, int] = (0, 0)
+    likelihood: bool = False
 
     def lm_logits(self, *lm_inputs: jax.Array, train: bool = False) -> jax.Array:
         """The wrapped LM's own next-token logits (for a language-modelling loss trained jointly with the reward)."""
@@ -39,12 +45,14 @@ class RewardModel(nn.Module):
         return self.lm(tokens, attention_mask=mask, deterministic=not train)
 
     @nn.compact
-    def __call__(self, positions: jax.Array, *lm_inputs: jax.Array, train: bool = False) -> jax.Array:
+    def __call__(self, positions: jax.Array, *lm_inputs: jax.Array, solution_mask: jax.Array | None = None,
+                 train: bool = False) -> jax.Array:
         """Log-odds `[batch, steps]` at `positions` [batch, steps] (indices into the LM's sequence whose hidden
         state has read exactly the solution up to the step's last token; padded entries may hold any index).
 
         `lm_inputs`: for T5, (encoder tokens [batch, in_len], decoder input tokens [batch, len]); for the decoder
-        LM, (tokens [batch, len], attention mask [batch, len]).
+        LM, (tokens [batch, len], attention mask [batch, len]). `solution_mask` [batch, len] (read with
+        `likelihood`; default all ones): 1 at the positions where the token just read is a solution token.
         """
         if self.head not in HEADS:
             raise ValueError(f"unknown reward head {self.head!r}; use one of {HEADS}")
@@ -53,11 +61,25 @@ class RewardModel(nn.Module):
         else:
             tokens, mask = lm_inputs
             h = self.lm.hidden_states(tokens, attention_mask=mask, deterministic=not train)
-        h = jnp.take_along_axis(h, positions[..., None].astype(jnp.int32), axis=1)  # [batch, steps, d_model]
+        read = positions[..., None].astype(jnp.int32)
+        at_steps = jnp.take_along_axis(h, read, axis=1)  # [batch, steps, d_model]
         if self.head == "token":
-            logits = self.lm.logits(h)  # [batch, steps, vocab]
-            return logits[..., self.label_ids[0]] - logits[..., self.label_ids[1]]
-        kernel = self.param("score_kernel", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-                            (h.shape[-1],), jnp.float32)
-        bias = self.param("score_bias", nn.with_logical_partitioning(nn.initializers.zeros, ()), (), jnp.float32)
-        return h.astype(jnp.float32) @ kernel + bias
+            logits = self.lm.logits(at_steps)  # [batch, steps, vocab]
+            out = (logits[..., self.label_ids[0]] - logits[..., self.label_ids[1]]).astype(jnp.float32)
+        else:
+            kernel = self.param("score_kernel", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+                                (h.shape[-1],), jnp.float32)
+            bias = self.param("score_bias", nn.with_logical_partitioning(nn.initializers.zeros, ()), (),
+                              jnp.float32)
+            out = at_steps.astype(jnp.float32) @ kernel + bias
+        if not self.likelihood:
+            return out
+        tokens = lm_inputs[1] if isinstance(self.lm, T5) else lm_inputs[0]  # what each position has just read
+        log_probs = jax.nn.log_softmax(self.lm.logits(h[:, :-1]).astype(jnp.float32))  # [batch, len - 1, vocab]
+        read_log_probs = jnp.take_along_axis(log_probs, tokens[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]
+        if solution_mask is not None:
+            read_log_probs = jnp.where(solution_mask[:, 1:] > 0, read_log_probs, 0.0)
+        so_far = jnp.pad(jnp.cumsum(read_log_probs, axis=1), ((0, 0), (1, 0)))  # [batch, len]
+        scale = self.param("likelihood_scale", nn.with_logical_partitioning(nn.initializers.ones, ()), (),
+                           jnp.float32)
+        return out + scale * jnp.take_along_axis(so_far, read[..., 0], axis=1)

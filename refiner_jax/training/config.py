@@ -107,8 +107,11 @@ def base_config() -> ml_collections.ConfigDict:
     # `val_problems`, labelled by the task, or for the PRM by a PRM800K-style `labels_file` (0 ratings counted as
     # `neutral`); with `mixed_only`, only on the problems whose samples are not all right or all wrong (no label can
     # then be guessed from the problem's difficulty); with `lm_weight` > 0 it also keeps learning x -> z* on each
-    # problem's gold solution (that weight per token; Cobbe et al.'s joint objective). `head` "token" reads the LM's
-    # logits of the two `label_tokens` (correct, wrong) at each step end, "scalar" a linear head. Evaluation draws
+    # problem's gold solution (that weight per token; Cobbe et al.'s joint objective); with `pairwise_weight` > 0 it
+    # also ranks each problem's right samples above its wrong ones (batches of whole problems). `head` "token" reads
+    # the LM's logits of the two `label_tokens` (correct, wrong) at each step end, "scalar" a linear head; with
+    # `likelihood` the step score adds a learned multiple of the LM's log-likelihood of the solution so far, so that
+    # the reward model starts from its policy's log-probability (`models.reward`). Evaluation draws
     # `test_samples` per test problem (`eval.examples` of them) and picks one by each rule of `rerank` (the policy's
     # log-probability and, with `critic_workdir` naming a REFINER run of the same task, its trained critic's
     # confidence also rerank); the PRM's solution score is its `prm_reduction` over steps.
@@ -116,7 +119,8 @@ def base_config() -> ml_collections.ConfigDict:
         "samples": 8, "train_problems": 2000, "val_problems": 200, "temperature": 0.7, "top_p": 1.0,
         "head": "token", "label_tokens": ("+", "-"), "max_steps": 8, "labels_file": "", "neutral": "positive",
         "steps": 600, "batch_size": 64, "microbatches": 1, "optimizer": _optimizer(1e-3), "eval_every": 200,
-        "patience": 2, "mixed_only": True, "fresh_problems": False, "lm_weight": 0.0, "test_samples": 16,
+        "patience": 2, "mixed_only": True, "fresh_problems": False, "lm_weight": 0.0, "likelihood": False,
+        "pairwise_weight": 0.0, "test_samples": 16,
         "prm_reduction": "min", "abstention": 0.3, "sample_rows": 1024, "critic_workdir": ""})
     # Expert iteration (reward pipeline): for each reward of `rewards` ("final": the answer is right, "orm" / "prm":
     # that reward model's score >= `threshold`), `rounds` times: sample `samples` solutions of each of `problems`
@@ -180,8 +184,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
     presets = PRESETS if family == "t5" else DECODER_PRESETS
     need(c.model.preset in presets, "model.preset",
          f"unknown preset {c.model.preset!r} for family {family!r}; use one of {sorted(presets)}")
-    need(family == "t5" or c.reward.lm_weight == 0, "reward.lm_weight",
-         "the joint language-modelling loss is implemented for T5 reward models; set it to 0 for the decoder family")
     need(0.0 <= c.model.dropout_rate < 1.0, "model.dropout_rate", "must be in [0, 1)")
     for name in ("dtype", "param_dtype"):
         need(c.model[name] in _DTYPES, f"model.{name}", f"{c.model[name]!r} is not a dtype; use one of {_DTYPES}")
@@ -247,6 +249,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
     need(rm.neutral in NEUTRAL_MODES, "reward.neutral", f"{rm.neutral!r}: use one of {NEUTRAL_MODES}")
     need(rm.patience >= 0, "reward.patience", "must be >= 0 (0: no early stopping)")
     need(rm.lm_weight >= 0, "reward.lm_weight", "must be >= 0 (0: no language-modelling loss)")
+    need(rm.pairwise_weight >= 0, "reward.pairwise_weight", "must be >= 0 (0: no within-problem ranking loss)")
+    need(rm.pairwise_weight == 0 or not rm.labels_file, "reward.pairwise_weight",
+         "ranks a problem's sampled solutions against each other; a labels_file has no such groups, set it to 0")
+    need(rm.pairwise_weight == 0 or rm.microbatches == 1, "reward.pairwise_weight",
+         "pairs a problem's solutions within a batch; set reward.microbatches to 1")
+    need(rm.pairwise_weight == 0 or rm.batch_size % rm.samples == 0, "reward.batch_size",
+         f"{rm.batch_size} must be a multiple of reward.samples {rm.samples} with pairwise_weight > 0 (whole "
+         "problems per batch)")
     need(rm.prm_reduction in REDUCTIONS, "reward.prm_reduction", f"{rm.prm_reduction!r}: use one of {REDUCTIONS}")
     need(0.0 <= rm.abstention < 1.0, "reward.abstention", "must be a share in [0, 1)")
     need(rm.test_samples <= 96 * 8, "reward.test_samples", "more than 768 samples per problem is not supported")

@@ -121,7 +121,8 @@ class Run:
     # ------------------------------------------------------------------------------------------------ reward models
 
     def module(self) -> RewardModel:
-        return RewardModel(LanguageModel(self.s.model_config).module(), self.config.reward.head, self.label_ids)
+        r = self.config.reward
+        return RewardModel(LanguageModel(self.s.model_config).module(), r.head, self.label_ids, r.likelihood)
 
     def scorer(self, params: Any, kind: str | None = None) -> rm.RewardScorer:
         if kind is not None:
@@ -154,26 +155,42 @@ class Run:
         val_samples = self.samples("sft", "sft_val", self.val, r.samples, self.config.seed + 1)
         module = self.module()
         d_model = self.s.model_config.d_model
+        stage, per_item = r, 1
+        if r.pairwise_weight > 0:  # batches of whole problems: each item is one problem's `samples` solutions
+            rows_per_shard = r.batch_size // shd.batch_divisor(self.s.mesh, self.s.common["rules"])
+            if rows_per_shard % r.samples:
+                raise config_lib.ConfigError(
+                    f"config.reward.pairwise_weight: a data shard's {rows_per_shard} rows of "
+                    f"config.reward.batch_size {r.batch_size} must hold whole problems of config.reward.samples "
+                    f"{r.samples} solutions; make the batch size a multiple of samples x data shards")
+            stage, per_item = ml_collections.ConfigDict(r.to_dict()), r.samples
+            stage.batch_size = r.batch_size // r.samples
 
         def make(params, indices, step):
-            return [data[int(i)] for i in indices]
+            return [data[int(i) * per_item + j] for i in indices for j in range(per_item)]
 
         def validate(params):
             return reward_validation(self.task, self.scorer(params), kind, self.val, val_samples, r.prm_reduction)
 
         t5 = LanguageModel(self.s.model_config).family == "t5"
-        if t5:
-            def collate(sols):
-                return rm.t5_batch(self.s.tokenizer, sols, self.lengths.input, self.lengths.target, r.max_steps)
-        else:
-            def collate(sols):
-                return rm.decoder_batch(self.s.tokenizer, sols, self.lengths.input + self.lengths.target,
-                                        r.max_steps)
+
+        def collate(sols):
+            if t5:
+                batch = rm.t5_batch(self.s.tokenizer, sols, self.lengths.input, self.lengths.target, r.max_steps)
+            else:
+                batch = rm.decoder_batch(self.s.tokenizer, sols, self.lengths.input + self.lengths.target,
+                                         r.max_steps)
+            if r.pairwise_weight > 0:
+                batch["group"] = np.arange(len(sols), dtype=np.int32) // per_item
+            return batch
+
+        reduction = "last" if kind == "orm" else r.prm_reduction
         spec = StageSpec(
-            kind, r, len(data), make, validate, "paired_auroc", self.lengths.input, self.lengths.target,
-            model=module, loss=lambda m: reward_loss(lambda p, b, key: rm.step_log_odds(m, p, b, key),
-                                                     lambda p, b, key: rm.reference_logits(m, p, b, key),
-                                                     r.lm_weight),
+            kind, stage, len(data) // per_item, make, validate, "paired_auroc", self.lengths.input,
+            self.lengths.target, model=module,
+            loss=lambda m: reward_loss(lambda p, b, key: rm.step_log_odds(m, p, b, key),
+                                       lambda p, b, key: rm.reference_lm(m, p, b, key), r.lm_weight,
+                                       r.pairwise_weight, reduction),
             collate=collate,
             init_args=(jnp.zeros((1, r.max_steps), jnp.int32), jnp.ones((1, 8), jnp.int32),
                        jnp.ones((1, 8), jnp.int32)),
@@ -181,6 +198,8 @@ class Run:
         init = {"lm": self.policy("sft")}
         if r.head == "scalar":
             init.update(score_kernel=np.zeros((d_model,), np.float32), score_bias=np.zeros((), np.float32))
+        if r.likelihood:
+            init["likelihood_scale"] = np.ones((), np.float32)
         return spec, init
 
     # ------------------------------------------------------------------------------------------------ stages
@@ -309,7 +328,8 @@ class Run:
                         "right": float(correct.mean()), "all_steps_right": float(steps_ok.mean())},
         }
         curves = {name: rerank.abstention_curve(o.confidence, o.correct) for name, o in outcomes.items()}
-        results = {"table": table.rows, "rate": table.rate, "problems": table.n_problems, "quality": quality,
+        results = {"table": table.rows, "paired_deltas": {"baseline": table.baseline, **table.deltas},
+                   "rate": table.rate, "problems": table.n_problems, "quality": quality,
                    "curves": {n: {"coverage": cv.coverage.tolist(), "error": cv.error.tolist()}
                               for n, cv in curves.items()}}
         if shd.is_main_process():

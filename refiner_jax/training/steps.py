@@ -126,17 +126,36 @@ def _token_sums(logits, targets, weights, z_loss: float) -> tuple[jax.Array, dic
     return loss_sum, {"loss_sum": loss_sum, "accuracy_sum": correct, "tokens": tokens}
 
 
+def solution_log_odds(log_odds: jax.Array, mask: jax.Array, reduction: str) -> jax.Array:
+    """[b, steps] step log-odds -> [b] one score per solution, monotone in `rerank.solution_scores`' reduction of the
+    step probabilities: the last labelled step's, the weakest step's, or (`prod`) the sum of log-probabilities."""
+    real = mask > 0
+    if reduction == "min":
+        return jnp.min(jnp.where(real, log_odds, jnp.inf), axis=1)
+    if reduction == "prod":
+        return jnp.sum(jnp.where(real, jax.nn.log_sigmoid(log_odds), 0.0), axis=1)
+    last = jnp.maximum(jnp.sum(real, axis=1) - 1, 0).astype(jnp.int32)  # labelled steps come first in a row
+    return jnp.take_along_axis(log_odds, last[:, None], axis=1)[:, 0]
+
+
 def reward_loss(score_fn: Callable[[Any, Batch, jax.Array | None], jax.Array],
-                lm_fn: Callable[[Any, Batch, jax.Array | None], jax.Array] | None = None,
-                lm_weight: float = 0.0) -> LossFn:
+                lm_fn: Callable[[Any, Batch, jax.Array | None], tuple[jax.Array, jax.Array, jax.Array]] | None = None,
+                lm_weight: float = 0.0, pairwise_weight: float = 0.0, reduction: str = "last") -> LossFn:
     """Binary cross-entropy of a reward model's step log-odds ``score_fn(params, batch, rng) -> [b, steps]``
     against ``batch['labels']`` [b, steps] (1 = correct so far), over the steps where ``batch['label_mask']`` is 1.
 
-    With ``lm_weight`` > 0, plus ``lm_weight`` times the summed token cross-entropy of the reference solutions
-    ``batch['references']`` [b, len] under ``lm_fn(params, batch, rng) -> logits [b, len, vocab]`` (the verifier
-    keeps learning to solve while it learns to judge, as Cobbe et al. train theirs). Sums: ``loss_sum`` (the
-    classification part), ``accuracy_sum`` (the sign of the log-odds agrees with the label), ``lm_loss_sum``,
-    ``tokens`` (labelled steps: every sum is per labelled step)."""
+    With ``lm_weight`` > 0, plus ``lm_weight`` times the summed token cross-entropy of the reference solutions:
+    ``lm_fn(params, batch, rng) -> (logits [b, len, vocab], targets [b, len], weights [b, len])`` (the verifier
+    keeps learning to solve while it learns to judge, as Cobbe et al. train theirs).
+
+    With ``pairwise_weight`` > 0, plus that weight times a within-problem ranking loss: for every pair of solutions
+    of one problem (rows with the same ``batch['group']`` [b]) whose solution labels (the last labelled step's)
+    differ, ``softplus(s_wrong - s_right)`` on their `solution_log_odds` under ``reduction``. It scores the right
+    solution above the wrong one of the same problem, which the pointwise loss can miss by learning which problems
+    are hard; pairs are formed within what one loss call sees (a data shard's microbatch).
+
+    Sums: ``loss_sum`` (the classification part), ``accuracy_sum`` (the sign of the log-odds agrees with the
+    label), ``lm_loss_sum``, ``pair_loss_sum``, ``tokens`` (labelled steps: every sum is per labelled step)."""
     def loss_fn(params: Any, batch: Batch, rng: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:
         log_odds = score_fn(params, batch, rng).astype(jnp.float32)
         labels, mask = batch["labels"], batch["label_mask"]
@@ -145,10 +164,21 @@ def reward_loss(score_fn: Callable[[Any, Batch, jax.Array | None], jax.Array],
         sums = {"loss_sum": loss_sum, "accuracy_sum": correct.astype(jnp.float32), "tokens": jnp.sum(mask)}
         total = loss_sum
         if lm_weight > 0:
-            references = batch["references"]
-            lm_sum, _ = masked_cross_entropy(lm_fn(params, batch, rng), references, references != PAD_ID)
+            logits, targets, weights = lm_fn(params, batch, rng)
+            lm_sum, _ = masked_cross_entropy(logits, targets, weights)
             sums["lm_loss_sum"] = lm_sum
             total = total + lm_weight * lm_sum
+        if pairwise_weight > 0:
+            scored = jnp.sum(mask, axis=1) > 0
+            scores = jnp.where(scored, solution_log_odds(log_odds, mask, reduction), 0.0)  # [b]
+            label = solution_log_odds(labels, mask, "last") > 0.5
+            group = batch["group"]
+            pairs = ((group[:, None] == group[None, :]) & label[:, None] & ~label[None, :]
+                     & scored[:, None] & scored[None, :])  # [b, b] (right i, wrong j) of one problem
+            margin = jnp.where(pairs, scores[None, :] - scores[:, None], 0.0)
+            pair_sum = jnp.sum(jnp.where(pairs, jax.nn.softplus(margin), 0.0))
+            sums["pair_loss_sum"] = pair_sum
+            total = total + pairwise_weight * pair_sum
         return total, sums
 
     return loss_fn
