@@ -20,6 +20,7 @@ if __name__ == "__main__":
 
 import jax  # noqa: E402
 from _devices import run_report  # noqa: E402
+from _tolerance import REORDER, assert_f32_close  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from refiner_jax.checkpoint import Checkpointer, export_params, load_params  # noqa: E402
@@ -267,8 +268,10 @@ def test_sigkill_mid_run_then_resume_matches_uninterrupted_run(tmp_path):
 
     want, got = _final_params(tmp_path / "reference"), _final_params(tmp_path / "victim")
     assert sorted(want) == sorted(got)
-    max_diff = max(float(np.max(np.abs(want[k] - got[k]))) for k in want)
-    assert max_diff <= 1e-6, max_diff  # bitwise in practice: same programs, same data order, same dropout keys
+    # The same programs on the same data order and dropout keys: bitwise in practice; at most a reduction's
+    # reordering of each parameter's magnitude. A skipped or repeated step moves parameters by a learning rate.
+    for k in want:
+        assert_f32_close(got[k], want[k], ulps=REORDER, what=f"resumed parameter {k}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ if __name__ == "__main__":
 
 import jax  # noqa: E402
 from _devices import run_report  # noqa: E402
+from _tolerance import NETWORK, REORDER, check_close, tolerance  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
@@ -232,15 +233,16 @@ def _multi_device_report() -> dict:
                                       train_state_shardings)
     from refiner_jax.training.steps import _sum_over
 
-    assert jax.device_count() == 8, jax.devices()
+    n = jax.device_count()
     model = T5(preset("t5-tiny", num_layers=1, dropout_rate=0.0))
     init = lambda k: model.init(k, jnp.ones((2, 12), jnp.int32), jnp.ones((2, 10), jnp.int32))["params"]  # noqa
     loss_fn = seq2seq_loss(model.apply)
     tx = optax.sgd(1.0)  # params_after = params - grad, so the update exposes the gradient
     batch = _batch(16, np.random.default_rng(0))
-    report = {}
+    report = {"devices": n}
 
-    # Single-device reference.
+    # Single-device reference, and the same step with one data shard's rows replaced by another's: the deviation
+    # that a dropped shard would show.
     mesh1 = shd.make_mesh((1, 1, 1), devices=jax.devices()[:1])
     state, sh1 = create_train_state(init, tx, mesh1, seed=0)
     params0 = jax.device_get(state.params)
@@ -250,6 +252,12 @@ def _multi_device_report() -> dict:
     ref_grads = jax.tree.map(np.subtract, params0, ref_params)
     report["ref_loss"] = float(ref_metrics["loss"])
     report["grad_scale"] = float(max(np.abs(g).max() for g in jax.tree.leaves(ref_grads)))
+    shard = 16 // n
+    dropped = {k: np.concatenate([v[:-shard], v[:shard]]) for k, v in batch.items()}
+    bad_state, bad_metrics = make_train_step(loss_fn, tx, mesh1, sh1)(jax.tree.map(jnp.copy, keep), dropped)
+    report["dropped_shard"] = dict(
+        loss_diff=abs(float(bad_metrics["loss"]) - report["ref_loss"]),
+        grads_diff=_max_diff(jax.tree.map(np.subtract, params0, jax.device_get(bad_state.params)), ref_grads))
 
     def compare(name, state, step):
         state, metrics = step(state, batch)
@@ -265,16 +273,16 @@ def _multi_device_report() -> dict:
     # Pure FSDP, born sharded.
     mesh8 = shd.make_mesh({"fsdp": -1})
     state8, sh8 = create_train_state(init, tx, mesh8, seed=0)
-    report["init_diff_fsdp8"] = _max_diff(jax.device_get(state8.params), params0)
+    report["init_diff_fsdp"] = _max_diff(jax.device_get(state8.params), params0)
     total, per_device = shd.sharded_bytes(state8.params)
-    report["fsdp8_param_bytes"] = dict(total=total, max_per_device=per_device)
+    report["fsdp_param_bytes"] = dict(total=total, max_per_device=per_device)
     emb = state8.params["token_embedder"]
     report["embedding_shard_shape"] = list(emb.addressable_shards[0].data.shape)
     step8 = make_train_step(loss_fn, tx, mesh8, sh8)
-    state8 = compare("fsdp8", state8, step8)
+    state8 = compare("fsdp", state8, step8)
     state8, _ = step8(state8, batch)
-    report["fsdp8_num_compiled_after_2_calls"] = step8.num_compiled()
-    report["fsdp8_state_sharding_kept"] = state8.params["token_embedder"].sharding == sh8.params["token_embedder"]
+    report["fsdp_num_compiled_after_2_calls"] = step8.num_compiled()
+    report["fsdp_state_sharding_kept"] = state8.params["token_embedder"].sharding == sh8.params["token_embedder"]
 
     # Gradient accumulation alone: 4 microbatches (a lax.scan) on the single device.
     compare("single_microbatch4", jax.tree.map(jnp.copy, keep),
@@ -284,10 +292,10 @@ def _multi_device_report() -> dict:
     sh_d8 = train_state_shardings(init, tx, mesh_d8)
     step_d8 = make_train_step(loss_fn, tx, mesh_d8, sh_d8)
     hlo = step_d8.lower(jax.device_put(keep, sh_d8), batch).compile().as_text()
-    report["data8_all_reduce_operands"] = [shape.count("[") for shape in _ALL_REDUCE.findall(hlo)]
-    report["data8_other_collectives"] = _OTHER_COLLECTIVES.findall(hlo)
-    compare("data8", jax.device_put(jax.tree.map(jnp.copy, keep), sh_d8), step_d8)
-    compare("data8_microbatch2", jax.device_put(jax.tree.map(jnp.copy, keep), sh_d8),
+    report["data_all_reduce_operands"] = [shape.count("[") for shape in _ALL_REDUCE.findall(hlo)]
+    report["data_other_collectives"] = _OTHER_COLLECTIVES.findall(hlo)
+    compare("data", jax.device_put(jax.tree.map(jnp.copy, keep), sh_d8), step_d8)
+    compare("data_microbatch2", jax.device_put(jax.tree.map(jnp.copy, keep), sh_d8),
             make_train_step(loss_fn, tx, mesh_d8, sh_d8, num_microbatches=2))
     # `_sum_over` in both forms against numpy: integers in float32 and bfloat16 leaves add up exactly.
     parts = {"w": np.arange(48, dtype=np.float32).reshape(8, 2, 3),
@@ -308,16 +316,16 @@ def _multi_device_report() -> dict:
         loss_sum, sums = dropout_loss(params, rows, rng)
         return loss_sum, {**sums, "square_sum": jnp.square(loss_sum)}  # summed over shards: sum of squared losses
 
-    copies = {k: np.repeat(v[:1], 8, axis=0) for k, v in batch.items()}
+    copies = {k: np.repeat(v[:1], n, axis=0) for k, v in batch.items()}
     _, metrics = make_train_step(with_squares, tx, mesh_d8, sh_d8)(
         jax.device_put(jax.tree.map(jnp.copy, keep), sh_d8), copies)
     shard_losses_sum, shard_squares_sum = (float(metrics[k]) * float(metrics["tokens"]) for k in ("loss", "square"))
-    report["data8_dropout_spread"] = 8 * shard_squares_sum / shard_losses_sum ** 2 - 1  # 0 iff all shards agree
+    report["data_dropout_spread"] = n * shard_squares_sum / shard_losses_sum ** 2 - 1  # 0 iff all shards agree
 
-    # data=2, fsdp=2, tensor=2 from the same initial state, with 4 microbatches on top.
-    mesh222 = shd.make_mesh((2, 2, 2))
+    # data=2, fsdp=2, tensor=2 (on 8 devices) from the same initial state, with 4 microbatches on top.
+    mesh222 = shd.make_mesh((2, n // 4, 2) if n >= 4 else (1, 1, n))
     sh222 = train_state_shardings(init, tx, mesh222)
-    compare("dp2_fsdp2_tp2_microbatch4", jax.device_put(keep, sh222),
+    compare("mixed_microbatch4", jax.device_put(keep, sh222),
             make_train_step(loss_fn, tx, mesh222, sh222, num_microbatches=4))
 
     # The decoder-only LM's pair loss (prompt + target in one sequence, loss on the target): one device, pure data
@@ -335,12 +343,17 @@ def _multi_device_report() -> dict:
     dstate1, dsh1 = create_train_state(dinit, tx, mesh1, seed=0)
     dparams0 = jax.device_get(dstate1.params)
     dstate1, dm1 = make_train_step(dloss, tx, mesh1, dsh1)(dstate1, dbatch)
-    for name, mesh in (("decoder_data8", mesh_d8), ("decoder_fsdp8", mesh8)):
+    ddropped = {k: np.concatenate([v[:-shard], v[:shard]]) for k, v in dbatch.items()}
+    dbad, dbad_m = make_train_step(dloss, tx, mesh1, dsh1)(create_train_state(dinit, tx, mesh1, seed=0)[0], ddropped)
+    report["decoder_dropped_shard"] = dict(params_diff=_max_diff(jax.device_get(dbad.params),
+                                                                 jax.device_get(dstate1.params)),
+                                           loss_diff=abs(float(dbad_m["loss"]) - float(dm1["loss"])))
+    for name, mesh in (("decoder_data", mesh_d8), ("decoder_fsdp", mesh8)):
         state, _ = create_train_state(dinit, tx, mesh, seed=0)
         state, m = make_train_step(dloss, tx, mesh, train_state_shardings(dinit, tx, mesh))(state, dbatch)
         report[name] = dict(params_diff=_max_diff(jax.device_get(state.params), jax.device_get(dstate1.params)),
                             moved=_max_diff(dparams0, jax.device_get(dstate1.params)),
-                            loss_diff=abs(float(m["loss"]) - float(dm1["loss"])),
+                            loss_diff=abs(float(m["loss"]) - float(dm1["loss"])), loss=float(dm1["loss"]),
                             tokens=[float(m["tokens"]), float(dm1["tokens"]), float(dbatch["weights"].sum())])
 
     # Eval sums: equal to the training loss; 8 all-pad rows appended (a padded last batch) change nothing.
@@ -356,34 +369,48 @@ def _multi_device_report() -> dict:
 
 @pytest.fixture(scope="module")
 def report():
-    return run_report(__file__, 8, timeout=600, JAX_DISABLE_MOST_OPTIMIZATIONS="1")
+    # REFINER_TEST_DEVICES=2 or 4 reruns the comparisons on fewer devices (the tolerance study, docs/testing.md).
+    return run_report(__file__, int(os.environ.get("REFINER_TEST_DEVICES", 8)), timeout=600,
+                      JAX_DISABLE_MOST_OPTIMIZATIONS="1")
 
 
-@pytest.mark.parametrize("name", ["decoder_data8", "decoder_fsdp8"])
+@pytest.mark.parametrize("name", ["decoder_data", "decoder_fsdp"])
 def test_sharded_decoder_step_equals_single_device_step(report, name):
-    r = report[name]
-    assert r["moved"] > 1e-3 and r["params_diff"] < 1e-5 and r["loss_diff"] < 1e-5
+    """One SGD step at lr 1: parameters differ by the gradients' rounding, NETWORK ulps of how far they moved;
+    the loss, a token mean of non-negative terms, by REORDER ulps of itself. A dropped shard misses both by 10x."""
+    r, bad = report[name], report["decoder_dropped_shard"]
+    assert r["moved"] > 1e-3
+    check_close(f"{name}: params", r["params_diff"], ulps=NETWORK, scale=r["moved"])
+    check_close(f"{name}: loss", r["loss_diff"], ulps=REORDER, scale=r["loss"])
     assert r["tokens"][0] == r["tokens"][1] == r["tokens"][2] > 0  # the target tokens only
+    assert bad["params_diff"] > 10 * tolerance(NETWORK, r["moved"]), bad
+    assert bad["loss_diff"] > 10 * tolerance(REORDER, r["loss"]), bad
 
 
 def test_born_sharded_init_equals_single_device_init(report):
-    assert report["init_diff_fsdp8"] == 0.0
+    assert report["init_diff_fsdp"] == 0.0  # the same random bits on every layout: no arithmetic to round
 
 
-@pytest.mark.parametrize("mesh", ["fsdp8", "dp2_fsdp2_tp2_microbatch4", "data8", "data8_microbatch2"])
+@pytest.mark.parametrize("mesh", ["fsdp", "mixed_microbatch4", "data", "data_microbatch2", "single_microbatch4"])
 def test_sharded_step_equals_single_device_step(report, mesh):
-    r = report[mesh]
+    """One SGD step at lr 1 exposes the gradient: it and the updated parameters may differ by NETWORK ulps of the
+    largest gradient entry, the loss and gradient norm by REORDER ulps of themselves. 4 microbatches of 4 rows
+    with different token counts on one device (`single_microbatch4`) are exact only because sums are normalised
+    once. One data shard's rows dropped must miss every bound by 10x."""
+    r, bad = report[mesh], report["dropped_shard"]
     assert r["tokens_equal"]
-    assert r["loss_diff"] < 1e-5 * report["ref_loss"]
-    assert r["grad_norm_rel"] < 1e-5
-    assert r["grads_diff"] < 1e-6 + 1e-4 * report["grad_scale"]
-    assert r["params_diff"] < 1e-6 + 1e-4 * report["grad_scale"]
+    check_close(f"train step {mesh}: loss", r["loss_diff"], ulps=REORDER, scale=report["ref_loss"])
+    check_close(f"train step {mesh}: grad norm (relative)", r["grad_norm_rel"], ulps=REORDER, scale=1.0)
+    check_close(f"train step {mesh}: grads", r["grads_diff"], ulps=NETWORK, scale=report["grad_scale"])
+    check_close(f"train step {mesh}: params", r["params_diff"], ulps=NETWORK, scale=report["grad_scale"])
+    assert bad["loss_diff"] > 10 * tolerance(REORDER, report["ref_loss"]), bad
+    assert bad["grads_diff"] > 10 * tolerance(NETWORK, report["grad_scale"]), bad
 
 
 def test_pure_data_parallel_step_adds_the_shards_in_one_flat_all_reduce(report):
     # Gradients of every parameter and the metric sums, in one float32 buffer; no other collective.
-    assert report["data8_all_reduce_operands"] == [1]
-    assert report["data8_other_collectives"] == []
+    assert report["data_all_reduce_operands"] == [1]
+    assert report["data_other_collectives"] == []
 
 
 @pytest.mark.parametrize("flat", [True, False])
@@ -393,31 +420,26 @@ def test_sum_over_data_shards_matches_numpy_and_keeps_dtypes(report, flat):
 
 
 def test_data_shards_draw_their_own_dropout_masks(report):
-    assert report["data8_dropout_spread"] > 1e-4
+    assert report["data_dropout_spread"] > 1e-4
 
 
-def test_gradient_accumulation_equals_full_batch(report):
-    # 4 microbatches of 4 rows with different token counts: exact only because sums are normalised once.
-    r = report["single_microbatch4"]
-    assert r["tokens_equal"] and r["loss_diff"] < 1e-5 * report["ref_loss"] and r["grad_norm_rel"] < 1e-5
-    assert r["grads_diff"] < 1e-6 + 1e-4 * report["grad_scale"]
-
-
-def test_fsdp_splits_parameters_eightfold(report):
-    b = report["fsdp8_param_bytes"]
-    # Every T5 matrix has an `embed` (d_model=128) dimension, split 8 ways; only tiny tables stay whole.
-    assert b["max_per_device"] < 0.13 * b["total"], b
-    assert report["embedding_shard_shape"] == [384, 16]  # [vocab, d_model / 8]
-    assert report["fsdp8_state_sharding_kept"]
+def test_fsdp_splits_parameters_over_every_device(report):
+    b, n = report["fsdp_param_bytes"], report["devices"]
+    # Every T5 matrix has an `embed` (d_model=128) dimension, split n ways; only tiny tables stay whole.
+    assert b["max_per_device"] < (1 / n + 0.005) * b["total"], b
+    assert report["embedding_shard_shape"] == [384, 128 // n]  # [vocab, d_model / n]
+    assert report["fsdp_state_sharding_kept"]
 
 
 def test_step_compiles_once_per_shape(report):
-    assert report["fsdp8_num_compiled_after_2_calls"] == 1
+    assert report["fsdp_num_compiled_after_2_calls"] == 1
 
 
 def test_eval_sums_match_training_loss_and_ignore_pad_rows(report):
-    assert report["eval"]["loss_rel"] < 1e-6
-    assert max(report["eval"]["padded_rel"].values()) < 1e-6, report["eval"]
+    # The same program's sums with and without all-pad rows: only the loss's reduction order may differ.
+    check_close("eval loss vs train loss (relative)", report["eval"]["loss_rel"], ulps=REORDER, scale=1.0)
+    for k, rel in report["eval"]["padded_rel"].items():
+        check_close(f"eval sums with pad rows: {k} (relative)", rel, ulps=REORDER, scale=1.0)
 
 
 if __name__ == "__main__":
