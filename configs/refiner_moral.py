@@ -3,7 +3,7 @@ contradictions and semantically misaligned norms. Only the dev and test files ar
 dev and tests on test (`task.data_dir` = the folder holding actor_dev.json / actor_test.json).
 """
 from refiner_jax.tasks.base import shared_data_dir
-from refiner_jax.training import config as base
+from refiner_jax.runs import run_config as base
 
 
 def get_config(arg: str | None = None):

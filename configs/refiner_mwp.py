@@ -10,7 +10,7 @@
 Any field can be overridden: `--config.refiner.turns=4 --config.model.preset=t5-small`.
 """
 from refiner_jax.tasks.base import shared_data_dir
-from refiner_jax.training import config as base
+from refiner_jax.runs import run_config as base
 
 
 def get_config(arg: str | None = None):

@@ -5,7 +5,7 @@
                                              srn_{train,val,test}.json)
 """
 from refiner_jax.tasks.base import shared_data_dir
-from refiner_jax.training import config as base
+from refiner_jax.runs import run_config as base
 
 
 def get_config(arg: str | None = None):

@@ -11,7 +11,7 @@ step rule (each annotation's arithmetic and its operands, against the gold solut
 `####` answer.
 """
 from refiner_jax.tasks.base import shared_data_dir
-from refiner_jax.training import config as base
+from refiner_jax.runs import run_config as base
 
 
 def get_config(arg: str | None = None):

@@ -8,7 +8,7 @@
 The PRM's labels come from the task's step checker (each `#k` step must compute a distinct subexpression of the gold
 formula); `--config.reward.labels_file=PATH.jsonl` trains it on PRM800K-style human step labels instead.
 """
-from refiner_jax.training import config as base
+from refiner_jax.runs import run_config as base
 
 
 def get_config(arg: str | None = None):

@@ -8,13 +8,14 @@ records with "feedback" added, and with --render_prompt a few-shot "prompt" that
 hypothesis given the feedback (built-in demonstrations for MWP only, other tasks get a zero-shot prompt;
 --demos=FILE.jsonl with question / hypothesis / feedback / revision per line gives or replaces them). Inputs longer
 than the critic's token budget are reported (raise it with --max_input). The logic lives in
-`refiner_jax.critic_tool`.
+`refiner_jax.refiner.critic_tool`.
 """
 import os
 
 from absl import app, flags
 
-from refiner_jax import critic_tool, critics, text_model
+from refiner_jax import text_model
+from refiner_jax.refiner import critic_tool, critics
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Trained run directory holding critic/export.")
 _INPUT = flags.DEFINE_string("input", None, "JSONL with question and hypothesis per line.")

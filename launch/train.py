@@ -7,7 +7,7 @@ evaluation) or reward models (SFT policy, ORM, PRM, expert iteration, K-sample s
     python launch/train.py --config=configs/rm_mwp.py --workdir=/tmp/rm_mwp
 
 Rerunning with the same --workdir skips finished stages and resumes an interrupted one. The logic lives in
-`refiner_jax.training.pipeline` and `refiner_jax.training.reward`; this file only parses flags. On Linux it first
+`refiner_jax.runs.refiner_run` and `refiner_jax.runs.reward_run`; this file only parses flags. On Linux it first
 starts itself again with a faster malloc for XLA:CPU (`refiner_jax.cpu`: jemalloc where installed, else glibc's
 transparent huge pages; `REFINER_JAX_MALLOC=glibc` keeps glibc's malloc, `GLIBC_TUNABLES=glibc.malloc.hugetlb=0` its
 small pages).
@@ -23,13 +23,13 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from refiner_jax import cpu, sharding
-from refiner_jax.training import pipeline, reward
+from refiner_jax.runs import refiner_run, reward_run
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py[:variant]).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "workdir/refiner", "Run directory (checkpoints, metrics, results).")
 _STAGES = flags.DEFINE_list("stages", [], f"Stages to run (default: all of the config's pipeline): from "
-                            f"{pipeline.STAGES} (config.pipeline 'refiner') or {reward.STAGES} ('reward').")
+                            f"{refiner_run.STAGES} (config.pipeline 'refiner') or {reward_run.STAGES} ('reward').")
 _MULTIHOST = flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() (TPU pod slices, multi-node "
                                 "GPU clusters; the cluster is auto-detected).")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for a multi-process run "
@@ -55,8 +55,8 @@ def main(argv):
         raise app.UsageError(f"JAX started its CPU backend with {jax.local_device_count()} devices before "
                              f"--host_devices={_HOST_DEVICES.value} could apply; set XLA_FLAGS="
                              f"{cpu.HOST_DEVICES_FLAG}={host_devices} in the environment instead")
-    run = reward.run if _CONFIG.value.get("pipeline", "refiner") == "reward" else pipeline.run
-    stages = tuple(_STAGES.value) or (reward.STAGES if run is reward.run else pipeline.STAGES)
+    run = reward_run.run if _CONFIG.value.get("pipeline", "refiner") == "reward" else refiner_run.run
+    stages = tuple(_STAGES.value) or (reward_run.STAGES if run is reward_run.run else refiner_run.STAGES)
     run(_CONFIG.value, _WORKDIR.value, stages)
 
 

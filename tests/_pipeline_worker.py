@@ -3,7 +3,7 @@
     python tests/_pipeline_worker.py WORKDIR --devices 2 --mesh 2,2,1 [--coordinator HOST:PORT --num_processes 2
                                      --process_id I]
 
-Each process gets ``--devices`` virtual CPU devices; the run is `pipeline.run` on the small config of
+Each process gets ``--devices`` virtual CPU devices; the run is `refiner_run.run` on the small config of
 tests/test_pipeline.py with 2 updates per stage and the given mesh, every stage including evaluation.
 """
 import argparse
@@ -28,7 +28,7 @@ def main() -> None:
     from refiner_jax import sharding as shd
 
     shd.maybe_initialize_distributed(args.coordinator, args.num_processes, args.process_id)
-    from refiner_jax.training import pipeline
+    from refiner_jax.runs import refiner_run
     from test_pipeline import tiny_config
 
     c = tiny_config()
@@ -36,7 +36,7 @@ def main() -> None:
         stage.steps = stage.eval_every = 2
     c.eval.examples, c.eval.turns, c.eval.bootstrap_samples, c.eval.noise_levels = 8, 2, 50, (0.0, 1.0)
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = (int(n) for n in args.mesh.split(","))
-    pipeline.run(c, args.workdir)
+    refiner_run.run(c, args.workdir)
 
 
 if __name__ == "__main__":

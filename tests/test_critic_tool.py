@@ -5,7 +5,9 @@ import re
 import numpy as np
 import pytest
 
-from refiner_jax import critic_tool, critics, text_model
+from refiner_jax import text_model
+from refiner_jax.refiner import critic_tool, critics
+from refiner_jax.runs import refiner_eval
 from refiner_jax.tasks import get_task
 from refiner_jax.tasks.base import NO_HINT, Example, feedback_matches
 
@@ -255,7 +257,7 @@ def test_without_a_critic_enter_asks_again_and_ctrl_d_quits():
 def test_interactive_session_loads_a_run_directory(tmp_path, monkeypatch):
     """A run directory as launch/train.py writes it (the base config's token budgets): the REFINER generator and
     the critic are loaded for one prompt at a time at the full budgets, and the session runs on the test split."""
-    from refiner_jax.training import config as config_lib
+    from refiner_jax.runs import run_config as config_lib
 
     config = config_lib.base_config()
     config.task.options = {"synthetic_sizes": {"train": 8, "val": 4, "test": 4}}
@@ -276,7 +278,7 @@ def test_interactive_session_loads_a_run_directory(tmp_path, monkeypatch):
 
     monkeypatch.setattr(text_model, "load_text_model", fake_load)
     shown = []
-    [traj] = critic_tool.interactive_session(str(tmp_path), turns=2, ask=_scripted(["2", "", "q"]),
+    [traj] = refiner_eval.interactive_session(str(tmp_path), turns=2, ask=_scripted(["2", "", "q"]),
                                              show=shown.append)
     lengths = config.lengths
     assert loaded == [("refiner", lengths.refine_input, lengths.target, lengths.refine_input, 1),
@@ -284,7 +286,7 @@ def test_interactive_session_loads_a_run_directory(tmp_path, monkeypatch):
     assert traj.hypotheses == [test[2].z] and traj.feedback == [NO_HINT]  # Enter took the critic's suggestion
     assert "Suggested:  No hint" in "\n".join(shown)
     loaded.clear()
-    critic_tool.interactive_session(str(tmp_path), use_critic=False, ask=_scripted(["q"]), show=shown.append)
+    refiner_eval.interactive_session(str(tmp_path), use_critic=False, ask=_scripted(["q"]), show=shown.append)
     assert [name for name, *_ in loaded] == ["refiner"]
 
 

@@ -3,7 +3,8 @@ the calibrated "No hint" threshold and the within-problem AUROC."""
 import numpy as np
 import pytest
 
-from refiner_jax import critics, evaluate
+from refiner_jax import stats
+from refiner_jax.refiner import critics, evaluation
 from refiner_jax.tasks import get_task
 from refiner_jax.tasks.base import NO_HINT, Example
 
@@ -73,30 +74,30 @@ def test_paired_auroc_ignores_how_hard_a_problem_looks():
     # Problem e (easy): right 0.9, wrong 0.95; problem h (hard): right 0.1, wrong 0.2. Within each problem the
     # wrong hypothesis scores higher, so the paired AUROC is 0; pooled, the right 0.9 beats the wrong 0.2 (1 of 4).
     confidence, wrong, groups = [0.9, 0.95, 0.1, 0.2], [False, True, False, True], ["e", "e", "h", "h"]
-    assert evaluate.paired_auroc(confidence, wrong, groups) == 0.0
-    assert evaluate.error_auroc(confidence, wrong) == 0.25
+    assert stats.paired_auroc(confidence, wrong, groups) == 0.0
+    assert stats.error_auroc(confidence, wrong) == 0.25
     # Pairs: p (right 0.9; wrong 0.1, 0.95) -> 1 win of 2; q (right 0.5, 0.5; wrong 0.5) -> 2 ties = 1 of 2;
     # r has no wrong hypothesis and adds no pair: 2 / 4.
-    assert evaluate.paired_auroc([0.9, 0.1, 0.95, 0.5, 0.5, 0.5, 0.3], [0, 1, 1, 0, 0, 1, 0],
+    assert stats.paired_auroc([0.9, 0.1, 0.95, 0.5, 0.5, 0.5, 0.3], [0, 1, 1, 0, 0, 1, 0],
                                  ["p", "p", "p", "q", "q", "q", "r"]) == 0.5
-    assert np.isnan(evaluate.paired_auroc([1.0, 2.0], [True, False], ["x", "y"]))
+    assert np.isnan(stats.paired_auroc([1.0, 2.0], [True, False], ["x", "y"]))
 
 
 def test_calibrated_threshold_separates_right_from_wrong():
     # Wrong at -3 and -2, right at -1 and 0: "No hint" from the midpoint -1.5 up classifies all four right.
-    assert evaluate.calibrate_threshold([-3.0, -2.0, -1.0, 0.0], [True, True, False, False]) == (-1.5, 1.0)
+    assert evaluation.calibrate_threshold([-3.0, -2.0, -1.0, 0.0], [True, True, False, False]) == (-1.5, 1.0)
     # Right -2, wrong -1, right 0: thresholds below -2 (2/3 right) and at -0.5 (2/3) tie; the higher one is kept.
-    assert evaluate.calibrate_threshold([-2.0, -1.0, 0.0], [False, True, False]) == (pytest.approx(-0.5), 2 / 3)
+    assert evaluation.calibrate_threshold([-2.0, -1.0, 0.0], [False, True, False]) == (pytest.approx(-0.5), 2 / 3)
     # All right: a threshold below the lowest confidence (1 under it); all wrong: above the highest.
-    assert evaluate.calibrate_threshold([0.5, 0.7], [False, False]) == (-0.5, 1.0)
-    assert evaluate.calibrate_threshold([0.5, 0.7], [True, True]) == (1.7, 1.0)
+    assert evaluation.calibrate_threshold([0.5, 0.7], [False, False]) == (-0.5, 1.0)
+    assert evaluation.calibrate_threshold([0.5, 0.7], [True, True]) == (1.7, 1.0)
 
 
 def test_paired_eval_set_gives_each_problem_its_gold_and_wrong_perturbations():
     task = get_task("mwp", synthetic_sizes={"train": 0, "val": 20, "test": 0})
     examples = task.load("val")
-    items = evaluate.paired_eval_set(task, examples, seed=3)
-    assert items == evaluate.paired_eval_set(task, examples, seed=3)  # fixed
+    items = evaluation.paired_eval_set(task, examples, seed=3)
+    assert items == evaluation.paired_eval_set(task, examples, seed=3)  # fixed
     for ex in examples:
         mine = [(h, f) for e, h, f in items if e.uid == ex.uid]
         assert mine[0] == (ex.z, task.oracle_feedback(ex, ex.z)) and mine[0][1].ok
@@ -135,13 +136,13 @@ def test_calibration_keeps_the_revisions_that_help():
     # 0.5, 0.5. The best, -2, gains 1 on a quarter of the problems.
     # 25 copies of each problem: the gain's standard error is sd([1] * 25 + [0] * 75) / 10 = 0.0435, and only -2
     # comes within it of 0.75. "No hint" there for p1, p2, p3: right on p2 and p3, wrong on p1 -> accuracy 3/4.
-    out = evaluate.calibrate_for_refinement(task, Critic(), Generator(), examples * 25)
+    out = evaluation.calibrate_for_refinement(task, Critic(), Generator(), examples * 25)
     assert out["threshold"] == -2.0 and out["before"] == 0.5 and out["after"] == 0.75 and out["revised"] == 25
     assert out["flag_accuracy"] == 0.75 and out["metric"] == "equation_em_canonical" and out["n"] == 100
     assert out["standard_error"] == pytest.approx(np.std([1] * 25 + [0] * 75, ddof=1) / 10)
     # The 4 problems alone: the best gain's standard error is sd([1, 0, 0, 0]) / 2 = 0.25, so -4 (no revision, EM
     # 0.5) is within it and, being the lowest threshold, is chosen.
-    alone = evaluate.calibrate_for_refinement(task, Critic(), Generator(), examples)
+    alone = evaluation.calibrate_for_refinement(task, Critic(), Generator(), examples)
     assert alone["threshold"] == -4.0 and alone["after"] == 0.5 and alone["revised"] == 0
     assert alone["best_threshold"] == -2.0 and alone["best_after"] == 0.75
 

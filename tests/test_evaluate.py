@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 from _tolerance import NETWORK, assert_f32_close
 
-from refiner_jax import critics, evaluate, refine, text_model
+from refiner_jax import stats, text_model
+from refiner_jax.refiner import critics, evaluation, feedback_loop
+from refiner_jax.runs import refiner_eval
 from refiner_jax.tasks import get_task
 from refiner_jax.tasks.base import NO_HINT, Example, Feedback, StepError
 
@@ -83,29 +85,29 @@ class ScriptedCritic:
 
 
 def test_bootstrap_constant_values_give_a_point_interval():
-    assert evaluate.bootstrap_ci([1.0] * 50, samples=200) == (1.0, 1.0, 1.0)
-    assert evaluate.bootstrap_ci([0.0] * 7, samples=200) == (0.0, 0.0, 0.0)
+    assert stats.bootstrap_ci([1.0] * 50, samples=200) == (1.0, 1.0, 1.0)
+    assert stats.bootstrap_ci([0.0] * 7, samples=200) == (0.0, 0.0, 0.0)
 
 
 def test_bootstrap_two_values_hand_worked():
     # Resampled means of [0, 1] are 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4: the 2.5% and 97.5% percentiles
     # are 0 and 1 (each end holds ~25% of the mass, far above 2.5%).
-    assert evaluate.bootstrap_ci([0.0, 1.0], samples=4000, seed=3) == (0.5, 0.0, 1.0)
+    assert stats.bootstrap_ci([0.0, 1.0], samples=4000, seed=3) == (0.5, 0.0, 1.0)
 
 
 def test_bootstrap_binomial_matches_normal_approximation():
     # 50/100 successes: mean 0.5, standard error sqrt(0.25 / 100) = 0.05, 95% CI ~ 0.5 -/+ 1.96 * 0.05.
-    mean, low, high = evaluate.bootstrap_ci([1.0] * 50 + [0.0] * 50, samples=4000, seed=1)
+    mean, low, high = stats.bootstrap_ci([1.0] * 50 + [0.0] * 50, samples=4000, seed=1)
     assert mean == 0.5
     assert low == pytest.approx(0.402, abs=0.02) and high == pytest.approx(0.598, abs=0.02)
 
 
 def test_bootstrap_matches_scipy_percentile_bootstrap():
-    stats = pytest.importorskip("scipy.stats")
+    scipy_stats = pytest.importorskip("scipy.stats")
     values = np.random.default_rng(0).normal(3.0, 2.0, size=300)
-    ref = stats.bootstrap((values,), np.mean, n_resamples=6000, method="percentile", confidence_level=0.95,
+    ref = scipy_stats.bootstrap((values,), np.mean, n_resamples=6000, method="percentile", confidence_level=0.95,
                           random_state=np.random.default_rng(1))
-    mean, low, high = evaluate.bootstrap_ci(values, samples=6000, seed=2)
+    mean, low, high = stats.bootstrap_ci(values, samples=6000, seed=2)
     width = ref.confidence_interval.high - ref.confidence_interval.low
     assert mean == pytest.approx(values.mean())
     assert low == pytest.approx(ref.confidence_interval.low, abs=0.05 * width)
@@ -114,18 +116,18 @@ def test_bootstrap_matches_scipy_percentile_bootstrap():
 
 def test_bootstrap_is_seeded_and_independent_of_memory_blocking(monkeypatch):
     values = np.random.default_rng(5).random(101)
-    whole = evaluate.bootstrap_ci(values, samples=500, seed=9)
-    assert evaluate.bootstrap_ci(values, samples=500, seed=9) == whole
-    monkeypatch.setattr(evaluate, "_MAX_BOOTSTRAP_CELLS", 101 * 7)  # blocks of 7 resamples
-    assert evaluate.bootstrap_ci(values, samples=500, seed=9) == pytest.approx(whole)
+    whole = stats.bootstrap_ci(values, samples=500, seed=9)
+    assert stats.bootstrap_ci(values, samples=500, seed=9) == whole
+    monkeypatch.setattr(stats, "_MAX_BOOTSTRAP_CELLS", 101 * 7)  # blocks of 7 resamples
+    assert stats.bootstrap_ci(values, samples=500, seed=9) == pytest.approx(whole)
 
 
 def test_bootstrap_rejects_bad_arguments_and_handles_empty():
     with pytest.raises(ValueError, match="samples"):
-        evaluate.bootstrap_ci([1.0], samples=0)
+        stats.bootstrap_ci([1.0], samples=0)
     with pytest.raises(ValueError, match="alpha"):
-        evaluate.bootstrap_ci([1.0], alpha=1.5)
-    assert all(np.isnan(v) for v in evaluate.bootstrap_ci([]))
+        stats.bootstrap_ci([1.0], alpha=1.5)
+    assert all(np.isnan(v) for v in stats.bootstrap_ci([]))
 
 
 # ----------------------------------------------------------------------------------------------- refinement
@@ -140,7 +142,7 @@ def test_bootstrap_rejects_bad_arguments_and_handles_empty():
 @pytest.fixture(scope="module")
 def toy_results():
     generator, critic = ToyGenerator(), ScriptedCritic()
-    results = evaluate.evaluate_refinement(ToyTask(), generator, critic, None, EXAMPLES, turns=3,
+    results = evaluation.evaluate_refinement(ToyTask(), generator, critic, None, EXAMPLES, turns=3,
                                            bootstrap_samples=500)
     return results, generator, critic
 
@@ -231,7 +233,7 @@ def test_trajectories_are_returned(toy_results):
 
 
 def test_without_critic_only_generator_and_oracle_rows():
-    results = evaluate.evaluate_refinement(ToyTask(), ToyGenerator(), None, None, EXAMPLES, turns=2,
+    results = evaluation.evaluate_refinement(ToyTask(), ToyGenerator(), None, None, EXAMPLES, turns=2,
                                            bootstrap_samples=50)
     assert [r["label"] for r in results["rows"]] == ["Generator alone", "+ oracle critic (T=2)"]
     assert "critic_quality" not in results and list(results["flips"]) == ["oracle"]
@@ -240,7 +242,7 @@ def test_without_critic_only_generator_and_oracle_rows():
 def test_noise_study_hand_worked():
     # epsilon 1: every feedback is the oracle's on toy.perturb: No hint for even problems (q2 stays wrong),
     # "Use g{i}." for odd ones -> 3/4. epsilon 0: the oracle -> 4/4. In between: q2 is the only one at stake.
-    noise = evaluate.noise_study(ToyTask(), ToyGenerator(), None, EXAMPLES, epsilons=(0.0, 0.5, 1.0), turns=3,
+    noise = evaluation.noise_study(ToyTask(), ToyGenerator(), None, EXAMPLES, epsilons=(0.0, 0.5, 1.0), turns=3,
                                  bootstrap_samples=200)
     assert noise["primary_metric"] == "em"
     by_eps = {r["epsilon"]: r for r in noise["rows"]}
@@ -250,13 +252,13 @@ def test_noise_study_hand_worked():
     # Over 400 copies of q2 (even uids: random feedback is "No hint", which stops them wrong), epsilon 0.5 fixes
     # the half whose first feedback is the oracle's.
     at_stake = [Example(str(2 * i), EXAMPLES[2].x, EXAMPLES[2].z, EXAMPLES[2].y) for i in range(400)]
-    half = evaluate.noise_study(ToyTask(), ToyGenerator(), None, at_stake, epsilons=(0.0, 0.5, 1.0), turns=3,
+    half = evaluation.noise_study(ToyTask(), ToyGenerator(), None, at_stake, epsilons=(0.0, 0.5, 1.0), turns=3,
                                 bootstrap_samples=50)
     means = [r["mean"] for r in half["rows"]]
     assert means[0] == 1.0 and means[2] == 0.0
     assert 0.4 < means[1] < 0.6
     with pytest.raises(ValueError, match="epsilon"):
-        evaluate.noise_study(ToyTask(), ToyGenerator(), None, EXAMPLES, epsilons=(1.5,))
+        evaluation.noise_study(ToyTask(), ToyGenerator(), None, EXAMPLES, epsilons=(1.5,))
 
 
 def test_critic_quality_ignores_sentence_order_on_mwp():
@@ -270,12 +272,12 @@ def test_critic_quality_ignores_sentence_order_on_mwp():
             out.append(" ".join(reversed(sentences)))
         return out
 
-    quality = evaluate.critic_quality(task, critics.CallableCritic(reversed_oracle), examples, bootstrap_samples=50)
+    quality = evaluation.critic_quality(task, critics.CallableCritic(reversed_oracle), examples, bootstrap_samples=50)
     assert quality["feedback_em"]["all"]["mean"] == 1.0
     assert quality["has_error"]["precision"] == 1.0 and quality["has_error"]["recall"] == 1.0
     assert sum(v["n"] for k, v in quality["feedback_em"].items() if k == "no_error") > 0
     # A critic that always says No hint: EM only on the unchanged hypotheses; it never flags an error.
-    silent = evaluate.critic_quality(task, critics.CallableCritic(lambda e, h: ["No hint"] * len(e)), examples,
+    silent = evaluation.critic_quality(task, critics.CallableCritic(lambda e, h: ["No hint"] * len(e)), examples,
                                      bootstrap_samples=50)
     assert silent["feedback_em"]["no_error"]["mean"] == 1.0
     assert silent["feedback_em"]["operator"]["mean"] == 0.0
@@ -289,7 +291,7 @@ def test_critic_quality_ignores_sentence_order_on_mwp():
         def confidence(exs, hyps):
             return np.array([0.0 if task.oracle_feedback(ex, h).ok else -5.0 for ex, h in zip(exs, hyps)])
 
-    confident = evaluate.critic_quality(task, ConfidentOracle(), examples, bootstrap_samples=50)
+    confident = evaluation.critic_quality(task, ConfidentOracle(), examples, bootstrap_samples=50)
     assert confident["auroc"] == 1.0 and confident["paired_auroc"] == 1.0
     assert quality["paired_auroc"] is None
 
@@ -297,16 +299,16 @@ def test_critic_quality_ignores_sentence_order_on_mwp():
 def test_error_auroc_hand_worked_and_against_pair_counting():
     # Wrong hypotheses have confidences 0.1 and 0.5, right ones 0.9 and 0.5: of the 4 (wrong, right) pairs three
     # rank the wrong one lower and one ties -> 3.5 / 4.
-    assert evaluate.error_auroc([0.9, 0.1, 0.5, 0.5], [False, True, True, False]) == 0.875
-    assert evaluate.error_auroc([1, 2, 3], [True, False, False]) == 1.0
-    assert evaluate.error_auroc([3, 2, 1], [True, False, False]) == 0.0
-    assert evaluate.error_auroc([7, 7, 7], [True, False, True]) == 0.5
-    assert np.isnan(evaluate.error_auroc([1.0, 2.0], [False, False]))
+    assert stats.error_auroc([0.9, 0.1, 0.5, 0.5], [False, True, True, False]) == 0.875
+    assert stats.error_auroc([1, 2, 3], [True, False, False]) == 1.0
+    assert stats.error_auroc([3, 2, 1], [True, False, False]) == 0.0
+    assert stats.error_auroc([7, 7, 7], [True, False, True]) == 0.5
+    assert np.isnan(stats.error_auroc([1.0, 2.0], [False, False]))
     rng = np.random.default_rng(0)
     conf = rng.integers(0, 6, size=300).astype(float)  # many ties
     wrong = rng.random(300) < 0.4
     pairs = conf[wrong][:, None] - conf[~wrong][None, :]
-    assert evaluate.error_auroc(conf, wrong) == pytest.approx(np.mean((pairs < 0) + 0.5 * (pairs == 0)))
+    assert stats.error_auroc(conf, wrong) == pytest.approx(np.mean((pairs < 0) + 0.5 * (pairs == 0)))
 
 
 # ----------------------------------------------------------------------------------------------- trained runs
@@ -361,7 +363,7 @@ def test_evaluate_run_writes_reports(tmp_path, monkeypatch):
         return _MWPFakeModel(examples, os.path.basename(stage_dir))
 
     monkeypatch.setattr(text_model, "load_text_model", fake_load)
-    results = evaluate.evaluate_run(str(workdir))
+    results = refiner_eval.evaluate_run(str(workdir))
     assert sorted(loaded) == [("critic", 64, 32, 8), ("refiner", 64, 32, 8)]
     rows = {r["key"]: r["metrics"]["equation_em_canonical"]["mean"] for r in results["rows"]}
     # Problems 0, 2, 4 right at turn 0; the critic never objects; the oracle gets the other two fixed.
@@ -373,14 +375,14 @@ def test_evaluate_run_writes_reports(tmp_path, monkeypatch):
         assert (out / name).is_file(), name
     assert "| + oracle critic (T=2) | 100.0 [100.0, 100.0] |" in (out / "results.md").read_text()
     with pytest.raises(ValueError, match="examples=0: evaluate at least one test problem"):
-        evaluate.evaluate_run(str(workdir), max_examples=0)
+        refiner_eval.evaluate_run(str(workdir), max_examples=0)
 
 
 def test_evaluate_run_without_generator_names_the_fix(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"task": {"name": "mwp", "data_dir": "", "options": {}},
                                                       "lengths": {}}))
     with pytest.raises(FileNotFoundError, match="refiner/export or warmup/export"):
-        evaluate.evaluate_run(str(tmp_path), max_examples=2)
+        refiner_eval.evaluate_run(str(tmp_path), max_examples=2)
 
 
 # ----------------------------------------------------------------------------------------------- the loop's edges
@@ -390,16 +392,16 @@ def test_evaluate_run_without_generator_names_the_fix(tmp_path):
                                        ("NO HINT!", True), ("No hints", False), ("Use g1.", False), ("", False)])
 def test_no_hint_in_any_spelling_stops_refinement(text, stop):
     critic = critics.CallableCritic(lambda examples, hypotheses: [text] * len(examples))
-    trajectory = refine.refine(ToyGenerator(), critic, ToyTask(), EXAMPLES[1:2], turns=2)[0]
+    trajectory = feedback_loop.refine(ToyGenerator(), critic, ToyTask(), EXAMPLES[1:2], turns=2)[0]
     assert trajectory.feedback == ([text] if stop else [text, text])
     assert len(trajectory.hypotheses) == (1 if stop else 3)
-    assert evaluate._has_error(text) is not stop
+    assert evaluation._has_error(text) is not stop
 
 
 def test_a_critic_that_skips_hypotheses_is_an_error():
     critic = critics.CallableCritic(lambda examples, hypotheses: ["Use g1."] * (len(examples) - 1))
     with pytest.raises(ValueError, match="returned 3 feedback texts for 4 hypotheses"):
-        refine.refine(ToyGenerator(), critic, ToyTask(), EXAMPLES, turns=1)
+        feedback_loop.refine(ToyGenerator(), critic, ToyTask(), EXAMPLES, turns=1)
 
 
 class _EchoModel:

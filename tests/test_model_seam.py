@@ -16,8 +16,8 @@ from refiner_jax.models.decoder import preset as decoder_preset
 from refiner_jax.models.t5_config import preset as t5_preset
 from refiner_jax.text_model import TextModel, load_text_model
 from refiner_jax.tokenizers import ByteTokenizer
-from refiner_jax.training import config as config_lib
-from refiner_jax.training import pipeline
+from refiner_jax.runs import refiner_run
+from refiner_jax.runs import run_config as config_lib
 from refiner_jax.training.steps import pair_loss
 
 
@@ -153,7 +153,7 @@ def test_refiner_run_with_a_decoder_generator(tmp_path):
     c = tiny_config()
     c.model.family, c.model.preset = "decoder", "gpt2-tiny"
     workdir = str(tmp_path / "run")
-    results = pipeline.run(c, workdir, stages=("warmup", "critic", "refiner"))
+    results = refiner_run.run(c, workdir, stages=("warmup", "critic", "refiner"))
     for stage in ("warmup", "critic", "refiner"):
         assert os.path.exists(os.path.join(workdir, stage, "DONE"))
     assert 0.0 <= results["warmup"]["equation_em_canonical"] <= 1.0
@@ -161,4 +161,4 @@ def test_refiner_run_with_a_decoder_generator(tmp_path):
     assert LanguageModel(model.config).family == "decoder" and model.config.eos_id == 1
     c.model.preset = "t5-tiny"
     with pytest.raises(config_lib.ConfigError, match="unknown preset 't5-tiny' for family 'decoder'"):
-        pipeline.run(c, str(tmp_path / "other"))
+        refiner_run.run(c, str(tmp_path / "other"))

@@ -13,9 +13,9 @@ import pytest
 from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax.tasks import get_task
 from refiner_jax.tasks.base import Example, feedback_matches
-from refiner_jax.training import config as config_lib
-from refiner_jax.training import pipeline
-from refiner_jax.training import refiner as refiner_lib
+from refiner_jax.refiner import stage_data
+from refiner_jax.runs import refiner_run
+from refiner_jax.runs import run_config as config_lib
 
 
 def tiny_config():
@@ -66,7 +66,7 @@ def test_bad_config_is_rejected_before_anything_runs(tmp_path, field, value, mes
         node = node[part]
     node[name] = value
     with pytest.raises(config_lib.ConfigError, match=message):
-        pipeline.run(c, str(tmp_path / "run"))
+        refiner_run.run(c, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()  # nothing was created, let alone trained
 
 
@@ -91,19 +91,19 @@ def test_batch_sizes_are_checked_against_the_mesh():
 def test_missing_prerequisites_and_data_name_the_fix(tmp_path):
     with pytest.raises(config_lib.ConfigError, match=r"refiner stage starts from the warmed-up generator, so run "
                                                      r"the warmup stage first \(--stages=warmup,refiner"):
-        pipeline.run(tiny_config(), str(tmp_path / "a"), stages=("refiner",))
+        refiner_run.run(tiny_config(), str(tmp_path / "a"), stages=("refiner",))
     assert not (tmp_path / "a").exists()
     with pytest.raises(config_lib.ConfigError, match="gs://B/run is a URL"):
-        pipeline.run(tiny_config(), "gs://B/run")
+        refiner_run.run(tiny_config(), "gs://B/run")
     c = tiny_config()
     c.task.options = {"synthetic_sizes": {"train": 6, "val": 4, "test": 4}}
     with pytest.raises(config_lib.ConfigError, match="config.critic.batch_size: 8 is more than the 6 training"):
-        pipeline.run(c, str(tmp_path / "b"))
+        refiner_run.run(c, str(tmp_path / "b"))
     # A setup that failed records no config, so the corrected rerun is not refused as a "different config.task".
     assert not (tmp_path / "b" / "config.json").exists()
     c.task.options = {"synthetic_sizes": {"train": 7, "val": 4, "test": 4}}
     with pytest.raises(config_lib.ConfigError, match="config.critic.batch_size: 8 is more than the 7 training"):
-        pipeline.run(c, str(tmp_path / "b"))
+        refiner_run.run(c, str(tmp_path / "b"))
 
 
 def test_a_relative_data_dir_is_recorded_absolute(tmp_path, monkeypatch):
@@ -113,12 +113,12 @@ def test_a_relative_data_dir_is_recorded_absolute(tmp_path, monkeypatch):
     c = tiny_config()
     c.task.data_dir = "svamp_csvs"  # relative, and missing
     with pytest.raises(Exception, match=re.escape(str(tmp_path / "svamp_csvs"))):
-        pipeline.run(c, str(tmp_path / "run"))
+        refiner_run.run(c, str(tmp_path / "run"))
     assert c.task.data_dir == str(tmp_path / "svamp_csvs")
     old = json.loads(c.to_json())
     old["task"]["data_dir"] = "svamp_csvs"
     (tmp_path / "run" / "config.json").write_text(json.dumps(old))
-    assert pipeline._check_workdir_config(str(tmp_path / "run"), c) is True
+    assert refiner_run._check_workdir_config(str(tmp_path / "run"), c) is True
 
 
 def test_refiner_turns_follow_the_oracle(monkeypatch):
@@ -137,10 +137,10 @@ def test_refiner_turns_follow_the_oracle(monkeypatch):
         assert top_p == 0.5 and num_samples == 2
         return [list(proposals) for _ in texts]
 
-    monkeypatch.setattr(refiner_lib.TextModel, "generate", fake_generate)
+    monkeypatch.setattr(stage_data.TextModel, "generate", fake_generate)
     cfg = config_lib.base_config().refiner
     cfg.turns, cfg.samples, cfg.selection = 3, 2, "worst"
-    make = refiner_lib.refiner_pairs(task, [ex], FakeGenerator(), cfg, seed=0)
+    make = stage_data.refiner_pairs(task, [ex], FakeGenerator(), cfg, seed=0)
     pairs = make(None, np.array([0]), step=0)
     assert [t for _, t in pairs] == [ex.z] * 3
     assert pairs[0][0] == ex.x
@@ -158,7 +158,7 @@ def test_feedback_match_ignores_sentence_order():
 def test_critic_pairs_are_resumable():
     task = get_task("mwp", synthetic_sizes={"train": 32, "val": 8, "test": 8})
     train = task.load("train")
-    make = refiner_lib.critic_pairs(task, train, seed=3)
+    make = stage_data.critic_pairs(task, train, seed=3)
     a = make(None, np.arange(16), step=5)
     b = make(None, np.arange(16), step=5)
     assert a == b  # the same step draws the same perturbations after a restart
@@ -173,7 +173,7 @@ def test_critic_pairs_are_resumable():
 def test_balanced_critic_pairs_give_each_problem_a_right_and_a_wrong_hypothesis():
     task = get_task("mwp", synthetic_sizes={"train": 32, "val": 8, "test": 8})
     train = task.load("train")
-    pairs = refiner_lib.critic_pairs(task, train, seed=1, balanced=True)(None, np.arange(10), step=3)
+    pairs = stage_data.critic_pairs(task, train, seed=1, balanced=True)(None, np.arange(10), step=3)
     assert len(pairs) == 10
     for k, ex in enumerate(train[:5]):  # problems 0-4, two rows each
         prefix = task.critic_input(ex, "")
@@ -189,7 +189,7 @@ def test_balanced_critic_pairs_give_each_problem_a_right_and_a_wrong_hypothesis(
 
     ex = Example("p0", "Tom has number0 apples and buys number1 more . How many apples ?",
                  "#0: add ( number0, number1 )", "7", {"numbers": [3.0, 4.0]})
-    pairs = refiner_lib.critic_pairs(task, [ex] * 4, 0, FakeGenerator(), generator_fraction=1.0,
+    pairs = stage_data.critic_pairs(task, [ex] * 4, 0, FakeGenerator(), generator_fraction=1.0,
                                      balanced=True)(None, np.arange(4), step=0)
     assert [f == "No hint" for _, f in pairs] == [True, False, False, True]
     assert pairs[0][0].endswith("#0: add ( number1, number0 )")
@@ -207,20 +207,20 @@ def test_critic_pairs_from_the_generator_carry_the_oracle_feedback():
             seen.append((list(texts), top_p, temperature))
             return [["#0: subtract ( number0, number1 )"], ["#0: add ( number1, number0 )"]][:len(texts)]
 
-    make = refiner_lib.critic_pairs(task, [ex] * 4, 0, FakeGenerator(), generator_fraction=0.5, top_p=0.9)
+    make = stage_data.critic_pairs(task, [ex] * 4, 0, FakeGenerator(), generator_fraction=0.5, top_p=0.9)
     pairs = make(None, np.arange(4), step=2)
     assert seen == [([ex.x, ex.x], 0.9, 1.0)]  # half of the batch is sampled, in one call
     assert pairs[0] == (f"{ex.x} #0: subtract ( number0, number1 )", "The operator in #0 is incorrect.")
     assert pairs[1] == (f"{ex.x} #0: add ( number1, number0 )", "No hint")
-    assert pairs[2:] == refiner_lib.critic_pairs(task, [ex] * 4, 0)(None, np.arange(4), step=2)[:2]
+    assert pairs[2:] == stage_data.critic_pairs(task, [ex] * 4, 0)(None, np.arange(4), step=2)[:2]
     with pytest.raises(ValueError, match="needs the generator"):
-        refiner_lib.critic_pairs(task, [ex], 0, None, generator_fraction=0.5)
+        stage_data.critic_pairs(task, [ex], 0, None, generator_fraction=0.5)
 
 
 def test_warmup_mixes_in_revision_instances_from_perturbations():
     task = get_task("mwp", synthetic_sizes={"train": 32, "val": 8, "test": 8})
     train = task.load("train")
-    make = refiner_lib.warmup_pairs(train, task, feedback_fraction=0.25, template="{x} @@ {z} @@ {f}", seed=1)
+    make = stage_data.warmup_pairs(train, task, feedback_fraction=0.25, template="{x} @@ {z} @@ {f}", seed=1)
     pairs = make(None, np.arange(8), step=4)
     assert pairs == make(None, np.arange(8), step=4)  # resumable: the step fixes the perturbations
     assert [t for _, t in pairs] == [ex.z for ex in train[:8]]  # always the gold as target
@@ -228,14 +228,14 @@ def test_warmup_mixes_in_revision_instances_from_perturbations():
     for (x, _), ex in zip(pairs[:2], train):
         problem, hypothesis, feedback = x.split(" @@ ")
         assert problem == ex.x and feedback == task.oracle_feedback(ex, hypothesis).text
-    assert refiner_lib.warmup_pairs(train, task)(None, np.arange(3), 0) == [(ex.x, ex.z) for ex in train[:3]]
+    assert stage_data.warmup_pairs(train, task)(None, np.arange(3), 0) == [(ex.x, ex.z) for ex in train[:3]]
 
 
 def test_critic_from_generator_samples_needs_the_warmup_first(tmp_path):
     c = tiny_config()
     c.critic.generator_fraction = 0.5
     with pytest.raises(config_lib.ConfigError, match="run the warmup stage first"):
-        pipeline.run(c, str(tmp_path / "run"), stages=("critic",))
+        refiner_run.run(c, str(tmp_path / "run"), stages=("critic",))
     assert not (tmp_path / "run").exists()
 
 
@@ -243,7 +243,7 @@ def test_all_stages_run_skip_and_resume(tmp_path, capsys):
     c = tiny_config()
     assert c.critic.generator_fraction > 0 and c.warmup.feedback_fraction > 0  # both paths run end to end
     workdir = str(tmp_path / "run")
-    results = pipeline.run(c, workdir, stages=("critic", "warmup", "refiner"))
+    results = refiner_run.run(c, workdir, stages=("critic", "warmup", "refiner"))
     for stage in ("critic", "warmup", "refiner"):
         assert os.path.exists(os.path.join(workdir, stage, "DONE"))
         assert os.path.isdir(os.path.join(workdir, stage, "export", "params"))
@@ -254,7 +254,7 @@ def test_all_stages_run_skip_and_resume(tmp_path, capsys):
     assert any("loss" in l and np.isfinite(l["loss"]) for l in lines)
     # A second run skips every finished stage (nothing is retrained) ...
     mtime = os.path.getmtime(os.path.join(workdir, "critic", "DONE"))
-    again = pipeline.run(c, workdir, stages=("critic", "warmup", "refiner"))
+    again = refiner_run.run(c, workdir, stages=("critic", "warmup", "refiner"))
     assert again["critic"] == results["critic"]
     assert os.path.getmtime(os.path.join(workdir, "critic", "DONE")) == mtime
     # ... an interrupted stage resumes from its last checkpoint and ends where the uninterrupted run ended ...
@@ -266,7 +266,7 @@ def test_all_stages_run_skip_and_resume(tmp_path, capsys):
     shutil.rmtree(os.path.join(refiner_dir, "export"))
     os.remove(os.path.join(refiner_dir, "DONE"))
     capsys.readouterr()
-    resumed = pipeline.run(c, workdir, stages=("critic", "warmup", "refiner"))
+    resumed = refiner_run.run(c, workdir, stages=("critic", "warmup", "refiner"))
     assert "[refiner] resumed from step 2" in capsys.readouterr().out
     assert resumed["refiner"] == results["refiner"]
     jax.tree.map(np.testing.assert_array_equal, ckpt_lib.load_params(os.path.join(refiner_dir, "export"))[0],
@@ -275,16 +275,17 @@ def test_all_stages_run_skip_and_resume(tmp_path, capsys):
     c2 = tiny_config()
     c2.model.preset = "t5-small"
     with pytest.raises(config_lib.ConfigError, match="different config.model"):
-        pipeline.run(c2, workdir, stages=("critic",))
+        refiner_run.run(c2, workdir, stages=("critic",))
 
 
 def test_solve_mode_critic_trains_on_fresh_problems_and_is_calibrated(tmp_path):
-    from refiner_jax import critics, text_model
+    from refiner_jax import text_model
+    from refiner_jax.refiner import critics
 
     c = tiny_config()
     c.critic.mode, c.critic.fresh_problems, c.critic.calibration_examples = "solve", 64, 12
     workdir = str(tmp_path / "run")
-    results = pipeline.run(c, workdir, stages=("warmup", "critic"))
+    results = refiner_run.run(c, workdir, stages=("warmup", "critic"))
     assert 0.0 <= results["critic"]["paired_auroc"] <= 1.0 and "feedback_em/any_error" in results["critic"]
     calibration = json.load(open(os.path.join(workdir, "critic", critics.CALIBRATION_FILE)))
     assert calibration["generator"] == "warmup" and calibration["n"] == 12
@@ -301,7 +302,7 @@ def test_solve_mode_critic_trains_on_fresh_problems_and_is_calibrated(tmp_path):
 
 def test_model_critic_prefers_no_hint_when_it_is_the_more_likely_sequence():
     """Greedy commits to the shared first token of the error sentences; the critic compares whole sequences."""
-    from refiner_jax.critics import ModelCritic
+    from refiner_jax.refiner.critics import ModelCritic
 
     table = {("a", "No hint"): -0.5, ("a", "The operator in #0 is incorrect."): -0.9,
              ("b", "No hint"): -2.0, ("b", "The operator in #0 is incorrect."): -0.3}
@@ -364,7 +365,7 @@ def test_generator_targets_carry_the_moral_action():
                  "lost things.", "Ann returns the wallet to its owner.", {})
     target = "It's good to return lost things. <|M_ACT|> Ann returns the wallet to its owner."
     assert task.target(ex) == target
-    pairs = refiner_lib.warmup_pairs([ex] * 4, task, feedback_fraction=0.5, seed=0)(None, np.arange(4), 0)
+    pairs = stage_data.warmup_pairs([ex] * 4, task, feedback_fraction=0.5, seed=0)(None, np.arange(4), 0)
     assert [t for _, t in pairs] == [target] * 4
     scores = task.score([target], [ex])
     assert scores["norm_rougeL"] == scores["action_rougeL"] == 1.0

@@ -7,7 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from refiner_jax import rerank
+from refiner_jax.reward import rerank
+from refiner_jax.runs import results
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -15,7 +16,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def test_imports_neither_jax_nor_matplotlib():
     # Selection runs wherever scores were saved: importing the module must not pull in JAX, Flax or matplotlib.
-    code = "import sys, refiner_jax.rerank; print(*{m.split('.')[0] for m in sys.modules})"
+    code = "import sys, refiner_jax.reward.rerank; print(*{m.split('.')[0] for m in sys.modules})"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert not {"jax", "flax", "matplotlib"} & set(run.stdout.split())
 
@@ -241,7 +242,7 @@ def test_results_table_hand_worked_and_paired():
     assert table.baseline == "a" and set(table.deltas) == {"worse", "perfect"}
     assert table.deltas["worse"]["mean"] == pytest.approx(0.05) and table.deltas["worse"]["low"] >= 0.0
     assert table.deltas["perfect"]["mean"] == pytest.approx(-0.25) and table.deltas["perfect"]["high"] < 0.0
-    assert "Δ final-answer error vs a, paired" in rerank.markdown_table(table)
+    assert "Δ final-answer error vs a, paired" in results.markdown_table(table)
     with pytest.raises(ValueError, match="different numbers of problems"):
         rerank.results_table({"a": a, "short": rerank.Outcome(np.ones(3, bool), np.ones(3))})
 
@@ -249,7 +250,7 @@ def test_results_table_hand_worked_and_paired():
 def test_markdown_table():
     table = rerank.results_table({"a": _rule_a(), "no_steps": rerank.Outcome(np.ones(20, bool), np.ones(20))},
                                  samples=200)
-    lines = rerank.markdown_table(table).splitlines()
+    lines = results.markdown_table(table).splitlines()
     assert lines[0] == ("| Rule | Final-answer error (%) | Trace error (%) | Error at 30% abstention (%) | "
                         "Δ final-answer error vs a, paired |")
     assert lines[1] == "|---|---|---|---|---|"
@@ -262,6 +263,6 @@ def test_markdown_table():
 def test_plot_abstention_writes_a_png(tmp_path):
     curves = {"majority_vote": rerank.abstention_curve(CONF, RIGHT),
               "best_of_k": rerank.abstention_curve(CONF[::-1], RIGHT)}
-    path = rerank.plot_abstention(curves, str(tmp_path / "abstention.png"))
+    path = results.plot_abstention(curves, str(tmp_path / "abstention.png"))
     data = open(path, "rb").read()
     assert data[:8] == PNG_MAGIC and len(data) > 1000

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from refiner_jax import results as results_lib
+from refiner_jax.runs import results as results_lib
 
 
 def _ci(mean, low, high):

@@ -18,9 +18,9 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
 from _tolerance import NETWORK, REORDER, assert_f32_close, check_close, tolerance  # noqa: E402
-from refiner_jax import reward  # noqa: E402
+from refiner_jax.reward import batches as reward_batches, labels as reward_labels, scorer as reward_scorer  # noqa: E402
 from refiner_jax.models import decoder as decoder_lib  # noqa: E402
-from refiner_jax.models.reward import RewardModel  # noqa: E402
+from refiner_jax.models.reward_model import RewardModel  # noqa: E402
 from refiner_jax.models.t5 import T5, shift_right  # noqa: E402
 from refiner_jax.models.t5_config import preset  # noqa: E402
 from refiner_jax.tasks import mwp  # noqa: E402
@@ -50,18 +50,18 @@ def example(z=G3):
 ])
 def test_orm_and_prm_labels_by_hand(hypothesis, orm, prm):
     task = mwp.MWPTask()
-    assert reward.step_labels("orm", task, example(), hypothesis) == orm
-    assert reward.step_labels("prm", task, example(), hypothesis) == prm
+    assert reward_labels.step_labels("orm", task, example(), hypothesis) == orm
+    assert reward_labels.step_labels("prm", task, example(), hypothesis) == prm
     with pytest.raises(ValueError, match="kind"):
-        reward.step_labels("vrm", task, example(), hypothesis)
+        reward_labels.step_labels("vrm", task, example(), hypothesis)
 
 
 def test_step_ends_cover_the_text_and_reject_foreign_steps():
     steps = mwp.MWPTask().split_steps(G3 + " <END>")
-    ends = reward.step_ends(G3 + " <END>", steps)
+    ends = reward_batches.step_ends(G3 + " <END>", steps)
     assert ends == [G3.index(" |"), G3.index(" | #2"), len(G3 + " <END>")]  # the end marker belongs to the last
     with pytest.raises(ValueError, match="substrings"):
-        reward.step_ends(G3, ["#1: nothing like it"])
+        reward_batches.step_ends(G3, ["#1: nothing like it"])
 
 
 def test_step_ends_are_token_boundaries_in_training_and_scoring_batches():
@@ -70,14 +70,14 @@ def test_step_ends_are_token_boundaries_in_training_and_scoring_batches():
     tok = ByteTokenizer()
     task = mwp.MWPTask()
     text = WRONG_STEP_1 + " <END>"
-    train = reward.t5_batch(tok, [reward.labelled("prm", task, example(), text)], 8, 128, 4)
-    ends = reward.step_ends(text, task.split_steps(text))
+    train = reward_batches.t5_batch(tok, [reward_labels.labelled("prm", task, example(), text)], 8, 128, 4)
+    ends = reward_batches.step_ends(text, task.split_steps(text))
     positions = train["positions"][0, :3]
     for p, end in zip(positions, ends):
         assert tok.decode(train["targets"][0, :p]) == text[:end]
     assert train["labels"][0].tolist() == [1.0, 0.0, 0.0, 0.0] and train["label_mask"][0].tolist() == [1, 1, 1, 0]
     model = RewardModel(T5(preset("t5-tiny", vocab_size=384, num_layers=1)), "token", (ord("+") + 3, ord("-") + 3))
-    scorer = reward.RewardScorer(model, None, tok, 8, 128, 4, batch_size=2, split_steps=task.split_steps)
+    scorer = reward_scorer.RewardScorer(model, None, tok, 8, 128, 4, batch_size=2, split_steps=task.split_steps)
     seen = {}
     scorer._fn = lambda params, batch: seen.update(batch) or jnp.zeros(batch["positions"].shape)
     scorer.step_scores([example().x], [text])
@@ -88,16 +88,16 @@ def test_step_ends_are_token_boundaries_in_training_and_scoring_batches():
 def test_budget_cuts_mask_steps_that_do_not_fit():
     tok = ByteTokenizer()
     task = mwp.MWPTask()
-    batch = reward.t5_batch(tok, [reward.labelled("orm", task, example(), G3)], 8, 40, 2)
+    batch = reward_batches.t5_batch(tok, [reward_labels.labelled("orm", task, example(), G3)], 8, 40, 2)
     assert batch["label_mask"][0].tolist() == [1, 0]  # step 1 ends past 39 tokens; only 2 steps kept anyway
     assert batch["targets"][0, -1] == tok.eos_id
 
 
 def test_label_ids_need_single_tokens():
     tok = ByteTokenizer()
-    assert reward.label_ids(tok, ("+", "-")) == tuple(tok.encode(c, add_eos=False)[0] for c in "+-")
+    assert reward_labels.label_ids(tok, ("+", "-")) == tuple(tok.encode(c, add_eos=False)[0] for c in "+-")
     with pytest.raises(ValueError, match="label_tokens"):
-        reward.label_ids(tok, ("good", "-"))
+        reward_labels.label_ids(tok, ("good", "-"))
 
 
 # --------------------------------------------------------------------------------------------------- one pass
@@ -118,8 +118,8 @@ def _tiny_lm(family):
 
 def _batch_of(family, tok, sols):
     if family == "t5":
-        return reward.t5_batch(tok, sols, 40, 112, 4)
-    return reward.decoder_batch(tok, sols, 160, 4)
+        return reward_batches.t5_batch(tok, sols, 40, 112, 4)
+    return reward_batches.decoder_batch(tok, sols, 160, 4)
 
 
 def _init(model, family, batch):
@@ -132,22 +132,22 @@ def _init(model, family, batch):
 def test_one_forward_pass_equals_scoring_each_prefix_separately(family, head, likelihood):
     tok = ByteTokenizer()
     task = mwp.MWPTask()
-    model = RewardModel(_tiny_lm(family), head, reward.label_ids(tok, ("+", "-")), likelihood)
-    solutions = [reward.labelled("prm", task, example(), h) for h in (G3 + " <END>", WRONG_STEP_1)]
+    model = RewardModel(_tiny_lm(family), head, reward_labels.label_ids(tok, ("+", "-")), likelihood)
+    solutions = [reward_labels.labelled("prm", task, example(), h) for h in (G3 + " <END>", WRONG_STEP_1)]
 
     def batch_of(sols):
         return _batch_of(family, tok, sols)
 
     full = batch_of(solutions)
     params = _init(model, family, full)
-    scores = np.asarray(reward.step_log_odds(model, params, full))  # [2, 4]
+    scores = np.asarray(reward_scorer.step_log_odds(model, params, full))  # [2, 4]
     # Reading one token off would change a score by far more than the float32 rounding allowed below.
     assert np.abs(np.diff(scores[:, :3], axis=1)).min() > 1e-2
     for row, sol in enumerate(solutions):
-        ends = reward.step_ends(sol.text, sol.steps)
+        ends = reward_batches.step_ends(sol.text, sol.steps)
         for i, end in enumerate(ends):
-            prefix = reward.LabelledSolution(sol.prompt, sol.text[:end], sol.steps[:i + 1], sol.labels[:i + 1])
-            alone = np.asarray(reward.step_log_odds(model, params, batch_of([prefix])))[0, i]
+            prefix = reward_labels.LabelledSolution(sol.prompt, sol.text[:end], sol.steps[:i + 1], sol.labels[:i + 1])
+            alone = np.asarray(reward_scorer.step_log_odds(model, params, batch_of([prefix])))[0, i]
             assert_f32_close(scores[row, i], alone, ulps=NETWORK, scale=np.abs(scores).max(),
                              what=f"{family} one-pass step score vs the prefix alone")
 
@@ -159,15 +159,15 @@ def test_likelihood_term_is_the_lms_log_probability_of_the_solution_so_far(famil
     tok = ByteTokenizer()
     task = mwp.MWPTask()
     lm = _tiny_lm(family)
-    with_term = RewardModel(lm, "token", reward.label_ids(tok, ("+", "-")), likelihood=True)
-    without = RewardModel(lm, "token", reward.label_ids(tok, ("+", "-")))
-    solution = reward.labelled("orm", task, example(), WRONG_STEP_1)
+    with_term = RewardModel(lm, "token", reward_labels.label_ids(tok, ("+", "-")), likelihood=True)
+    without = RewardModel(lm, "token", reward_labels.label_ids(tok, ("+", "-")))
+    solution = reward_labels.labelled("orm", task, example(), WRONG_STEP_1)
     batch = _batch_of(family, tok, [solution])
     params = dict(_init(with_term, family, batch))
     params["likelihood_scale"] = jnp.asarray(0.7, jnp.float32)
-    gain = np.asarray(reward.step_log_odds(with_term, params, batch) - reward.step_log_odds(without, params, batch))
+    gain = np.asarray(reward_scorer.step_log_odds(with_term, params, batch) - reward_scorer.step_log_odds(without, params, batch))
     prompt = tok.encode(solution.prompt)
-    ids, last = reward.encode_solution(tok, solution.text, solution.steps)
+    ids, last = reward_batches.encode_solution(tok, solution.text, solution.steps)
     if family == "t5":
         logits = lm.apply({"params": params["lm"]}, batch["inputs"], shift_right(batch["targets"]))[0]
         at = list(range(len(ids)))  # logits[j] predicts solution token j
@@ -189,11 +189,11 @@ def test_decoder_reference_rows_for_the_joint_lm_loss():
     tok = ByteTokenizer()
     task = mwp.MWPTask()
     lm = _tiny_lm("decoder")
-    model = RewardModel(lm, "token", reward.label_ids(tok, ("+", "-")))
-    solution = reward.labelled("orm", task, example(), WRONG_STEP_1)
-    batch = _batch_of("decoder", tok, [solution, reward.LabelledSolution("q", "#0: x", ("#0: x",), (True,))])
+    model = RewardModel(lm, "token", reward_labels.label_ids(tok, ("+", "-")))
+    solution = reward_labels.labelled("orm", task, example(), WRONG_STEP_1)
+    batch = _batch_of("decoder", tok, [solution, reward_labels.LabelledSolution("q", "#0: x", ("#0: x",), (True,))])
     params = _init(model, "decoder", batch)
-    logits, targets, weights = reward.reference_lm(model, params, batch)
+    logits, targets, weights = reward_scorer.reference_lm(model, params, batch)
     from refiner_jax.training.steps import masked_cross_entropy
     ce, count = masked_cross_entropy(logits, targets, weights)
     row = tok.encode(solution.prompt) + tok.encode(G3)
@@ -279,8 +279,8 @@ def _multi_device_report() -> dict:
     tok = ByteTokenizer()
     task = mwp.MWPTask()
     hyps = [G3, WRONG_STEP_1, G3 + " <END>", "#0: add ( number0, number1 )"] * 4
-    sols = [reward.labelled(kind, task, example(), h) for kind in ("prm", "orm") for h in hyps[:8]]
-    batch = reward.t5_batch(tok, sols, 16, 112, 4)
+    sols = [reward_labels.labelled(kind, task, example(), h) for kind in ("prm", "orm") for h in hyps[:8]]
+    batch = reward_batches.t5_batch(tok, sols, 16, 112, 4)
     batch["group"] = np.arange(16, dtype=np.int32) // 2  # problems of 2 solutions, whole on every data shard
     shard = 16 // n
     dropped = {k: (v if k == "group" else np.concatenate([v[:-shard], v[:shard]])) for k, v in batch.items()}
@@ -288,10 +288,10 @@ def _multi_device_report() -> dict:
     for name, head, likelihood, pairwise in (("token", "token", False, 0.0), ("scalar", "scalar", False, 0.0),
                                              ("pairwise", "scalar", True, 1.0)):
         model = RewardModel(T5(preset("t5-tiny", vocab_size=384, num_layers=1, dropout_rate=0.0)), head,
-                            reward.label_ids(tok, ("+", "-")), likelihood)
+                            reward_labels.label_ids(tok, ("+", "-")), likelihood)
         args = (jnp.zeros((1, 4), jnp.int32), jnp.ones((1, 16), jnp.int32), jnp.ones((1, 112), jnp.int32))
         init = lambda k: model.init(k, *args)["params"]  # noqa: E731
-        loss = reward_loss(lambda p, b, r: reward.step_log_odds(model, p, b, r), pairwise_weight=pairwise)
+        loss = reward_loss(lambda p, b, r: reward_scorer.step_log_odds(model, p, b, r), pairwise_weight=pairwise)
         tx = optax.sgd(1e-2 if likelihood else 1.0)  # the likelihood term's gradient sums over every token
 
         def two_steps(mesh, rows):

@@ -6,11 +6,11 @@ import shutil
 
 import pytest
 
-from refiner_jax import reward as rm
+from refiner_jax.reward import batches as reward_batches, labels as reward_labels
 from refiner_jax.tasks import mwp
 from refiner_jax.tasks.base import DataError
-from refiner_jax.training import config as config_lib
-from refiner_jax.training import reward as reward_pipeline
+from refiner_jax.runs import run_config as config_lib
+from refiner_jax.runs import reward_run
 
 
 def tiny_config():
@@ -37,7 +37,7 @@ def tiny_config():
 def test_reward_pipeline_end_to_end_and_resume(tmp_path, capsys):
     c = tiny_config()
     workdir = str(tmp_path / "run")
-    results = reward_pipeline.run(c, workdir)
+    results = reward_run.run(c, workdir)
     for stage in ("sft", "orm", "prm", "rl_orm_1", "rl_orm_2", "rl_prm_2", "eval"):
         assert os.path.exists(os.path.join(workdir, stage, "DONE")), stage
     for kind in ("orm", "prm"):
@@ -63,7 +63,7 @@ def test_reward_pipeline_end_to_end_and_resume(tmp_path, capsys):
     assert kept["kept"] == sum(len({h for h in hs if h.strip()}) for hs in drawn)
     # A second run retrains nothing and draws no new samples.
     capsys.readouterr()
-    again = reward_pipeline.run(c, workdir)
+    again = reward_run.run(c, workdir)
     out = capsys.readouterr().out
     assert "[samples]" not in out and again["orm"] == results["orm"]
     # On that policy no problem has both right and wrong samples: mixed_only says so before training a model ...
@@ -73,11 +73,11 @@ def test_reward_pipeline_end_to_end_and_resume(tmp_path, capsys):
             os.path.join(workdir, part), os.path.join(other, part))
     c.reward.mixed_only = True
     with pytest.raises(config_lib.ConfigError, match="config.reward.mixed_only: only 0 samples"):
-        reward_pipeline.run(c, other, stages=("orm",))
+        reward_run.run(c, other, stages=("orm",))
     # ... and final-answer expert iteration keeps no sample: a clear error before any training.
     c.rl.rewards = ("final",)
     with pytest.raises(config_lib.ConfigError, match=r"kept 0 of 72 samples.*config.rl.threshold"):
-        reward_pipeline.run(c, workdir, stages=("rl",))
+        reward_run.run(c, workdir, stages=("rl",))
 
 
 def test_ranking_reward_models_train_on_whole_problems_for_both_families(tmp_path):
@@ -90,7 +90,7 @@ def test_ranking_reward_models_train_on_whole_problems_for_both_families(tmp_pat
         c.reward.batch_size = 6  # 2 problems of 3 samples
         c.rl.rewards = ()
         workdir = str(tmp_path / family)
-        run = reward_pipeline.Run(c, workdir, ("sft", "orm"))
+        run = reward_run.Run(c, workdir, ("sft", "orm"))
         run.stage("sft", run.sft_spec)
         spec, init = run.reward_spec("orm")
         assert spec.stage.batch_size == 2 and spec.num_examples == 24 and float(init["likelihood_scale"]) == 1.0
@@ -98,7 +98,7 @@ def test_ranking_reward_models_train_on_whole_problems_for_both_families(tmp_pat
         data = run.reward_data("orm", run.train, run.samples("sft", "sft_train", run.train, 3, c.seed))
         assert items == data[15:18] + data[6:9]
         assert spec.collate(items)["group"].tolist() == [0, 0, 0, 1, 1, 1]
-        results = reward_pipeline.run(c, workdir, stages=("orm",))
+        results = reward_run.run(c, workdir, stages=("orm",))
         assert 0.0 <= results["orm"]["paired_auroc"] <= 1.0
         meta = json.load(open(os.path.join(workdir, "orm", "export", "metadata.json")))
         assert meta["likelihood"] is True and meta["head"] == "scalar" and meta["family"] == family
@@ -114,7 +114,7 @@ def test_expert_iteration_keeps_what_the_final_answer_reward_accepts(tmp_path):
     task = mwp.MWPTask()
     gold = "#0: add ( number0, number1 ) | #1: multiply ( #0, number2 )"
     ex = mwp_example(gold)
-    run = reward_pipeline.Run.__new__(reward_pipeline.Run)  # the filter needs only the task
+    run = reward_run.Run.__new__(reward_run.Run)  # the filter needs only the task
     run.task, run.config = task, None
     samples = [[gold, "#0: add ( number1, number0 ) | #1: multiply ( number2, #0 )", gold,
                 "#0: add ( number0, number2 )", ""]]
@@ -124,10 +124,10 @@ def test_expert_iteration_keeps_what_the_final_answer_reward_accepts(tmp_path):
 
 def test_mixed_problems_keeps_the_problems_with_right_and_wrong_samples():
     def solution(last):
-        return rm.LabelledSolution("x", "t", ("t",), (last,))
+        return reward_labels.LabelledSolution("x", "t", ("t",), (last,))
 
     data = [solution(True), solution(False), solution(True), solution(True), solution(False), solution(False)]
-    assert reward_pipeline.mixed_problems(data, 2) == data[:2]  # problems (T, F), (T, T), (F, F)
+    assert reward_run.mixed_problems(data, 2) == data[:2]  # problems (T, F), (T, T), (F, F)
 
 
 def mwp_example(z):
@@ -148,8 +148,8 @@ def test_prm_trains_on_a_label_file_and_a_bad_file_names_its_line(tmp_path):
     from refiner_jax.tasks.prm800k import read_prm800k
 
     record = read_prm800k(str(path))[0]
-    solution = rm.LabelledSolution(record.question, record.text, record.steps, record.labels)
-    assert solution.labels == (True, False) and rm.step_ends(solution.text, solution.steps) == [10, 22]
+    solution = reward_labels.LabelledSolution(record.question, record.text, record.steps, record.labels)
+    assert solution.labels == (True, False) and reward_batches.step_ends(solution.text, solution.steps) == [10, 22]
     bad = dict(good, label={"steps": [{"completions": [{"text": "x", "rating": 5}], "chosen_completion": 0}]})
     path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
     with pytest.raises(DataError, match=":2:"):
@@ -157,7 +157,7 @@ def test_prm_trains_on_a_label_file_and_a_bad_file_names_its_line(tmp_path):
     c = tiny_config()
     c.reward.labels_file = str(path)
     with pytest.raises(DataError, match=":2:"):
-        reward_pipeline.run(c, str(tmp_path / "run"), stages=("sft", "prm"))
+        reward_run.run(c, str(tmp_path / "run"), stages=("sft", "prm"))
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -177,7 +177,7 @@ def test_reward_config_errors_name_the_field(tmp_path, field, value, message):
     section, _, name = field.rpartition(".")
     (c[section] if section else c)[name] = value
     with pytest.raises(config_lib.ConfigError, match=message):
-        reward_pipeline.run(c, str(tmp_path / "run"))
+        reward_run.run(c, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
 
 
@@ -191,11 +191,11 @@ def test_pairwise_loss_config_errors(tmp_path, changes, message):
     c.reward.pairwise_weight = 1.0
     c.reward.update(changes)
     with pytest.raises(config_lib.ConfigError, match=message):
-        reward_pipeline.run(c, str(tmp_path / "run"))
+        reward_run.run(c, str(tmp_path / "run"))
 
 
 def test_label_tokens_must_be_single_tokens(tmp_path):
     c = tiny_config()
     c.reward.label_tokens = ("definitely correct", "-")
     with pytest.raises(ValueError, match="label_tokens"):
-        reward_pipeline.run(c, str(tmp_path / "run"), stages=("sft",))
+        reward_run.run(c, str(tmp_path / "run"), stages=("sft",))

@@ -25,18 +25,18 @@ import ml_collections
 import numpy as np
 
 from refiner_jax import checkpoint as ckpt_lib
-from refiner_jax import rerank
-from refiner_jax import reward as rm
+from refiner_jax.reward import batches as reward_batches, labels as reward_labels, rerank, scorer as reward_scorer
 from refiner_jax import sharding as shd
-from refiner_jax.evaluate import error_auroc, paired_auroc
-from refiner_jax.models.reward import RewardModel
+from refiner_jax.models.reward_model import RewardModel
 from refiner_jax.models.base import LanguageModel
 from refiner_jax.text_model import TextModel
 from refiner_jax.tasks.base import Example, Task
 from refiner_jax.tasks.prm800k import read_prm800k
-from refiner_jax.training import config as config_lib
-from refiner_jax.training import pipeline
-from refiner_jax.training import refiner as refiner_lib
+from refiner_jax.refiner import stage_data
+from refiner_jax.runs import refiner_run
+from refiner_jax.runs import results as results_lib
+from refiner_jax.runs import run_config as config_lib
+from refiner_jax.stats import error_auroc, paired_auroc
 from refiner_jax.training.loop import StageSpec, stage_done, train_stage
 from refiner_jax.training.steps import reward_loss
 
@@ -56,7 +56,7 @@ class Run:
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str, stages: Sequence[str]):
         self.config, self.workdir, self.stages = config, workdir, tuple(stages)
-        self.s = pipeline.setup(config, workdir, self.stages, STAGES, _SECTIONS)
+        self.s = refiner_run.setup(config, workdir, self.stages, STAGES, _SECTIONS)
         self.task: Task = self.s.task
         self.lengths = config.lengths
         train, val, test = (self.s.splits[k] for k in ("train", "val", "test"))
@@ -68,7 +68,7 @@ class Run:
         self.train = self.train[:config.reward.train_problems]
         self.val = val[:config.reward.val_problems]
         self.test = test[:config.eval.examples]
-        self.label_ids = rm.label_ids(self.s.tokenizer, tuple(config.reward.label_tokens))
+        self.label_ids = reward_labels.label_ids(self.s.tokenizer, tuple(config.reward.label_tokens))
         self.timings: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------------------------ policies
@@ -124,22 +124,22 @@ class Run:
         r = self.config.reward
         return RewardModel(LanguageModel(self.s.model_config).module(), r.head, self.label_ids, r.likelihood)
 
-    def scorer(self, params: Any, kind: str | None = None) -> rm.RewardScorer:
+    def scorer(self, params: Any, kind: str | None = None) -> reward_scorer.RewardScorer:
         if kind is not None:
-            return rm.load_reward_model(os.path.join(self.workdir, kind), self.s.tokenizer, self.task,
+            return reward_scorer.load_reward_model(os.path.join(self.workdir, kind), self.s.tokenizer, self.task,
                                         self.lengths.input, self.lengths.target)
-        return rm.RewardScorer(self.module(), params, self.s.tokenizer, self.lengths.input, self.lengths.target,
+        return reward_scorer.RewardScorer(self.module(), params, self.s.tokenizer, self.lengths.input, self.lengths.target,
                                self.config.reward.max_steps, split_steps=self.task.split_steps)
 
     def reward_data(self, kind: str, examples: Sequence[Example], samples: list[list[str]]
-                    ) -> list[rm.LabelledSolution]:
-        return [rm.labelled(kind, self.task, ex, h) for ex, hs in zip(examples, samples) for h in hs]
+                    ) -> list[reward_labels.LabelledSolution]:
+        return [reward_labels.labelled(kind, self.task, ex, h) for ex, hs in zip(examples, samples) for h in hs]
 
     def reward_spec(self, kind: str) -> StageSpec:
         r = self.config.reward
         train_samples = self.samples("sft", "sft_train", self.train, r.samples, self.config.seed)
         if kind == "prm" and r.labels_file:
-            data = [rm.LabelledSolution(s.question, s.text, s.steps, s.labels)
+            data = [reward_labels.LabelledSolution(s.question, s.text, s.steps, s.labels)
                     for s in read_prm800k(r.labels_file, neutral=r.neutral)]
             if not data:
                 raise config_lib.ConfigError(f"config.reward.labels_file {r.labels_file} holds no labelled solution")
@@ -176,9 +176,9 @@ class Run:
 
         def collate(sols):
             if t5:
-                batch = rm.t5_batch(self.s.tokenizer, sols, self.lengths.input, self.lengths.target, r.max_steps)
+                batch = reward_batches.t5_batch(self.s.tokenizer, sols, self.lengths.input, self.lengths.target, r.max_steps)
             else:
-                batch = rm.decoder_batch(self.s.tokenizer, sols, self.lengths.input + self.lengths.target,
+                batch = reward_batches.decoder_batch(self.s.tokenizer, sols, self.lengths.input + self.lengths.target,
                                          r.max_steps)
             if r.pairwise_weight > 0:
                 batch["group"] = np.arange(len(sols), dtype=np.int32) // per_item
@@ -188,13 +188,13 @@ class Run:
         spec = StageSpec(
             kind, stage, len(data) // per_item, make, validate, "paired_auroc", self.lengths.input,
             self.lengths.target, model=module,
-            loss=lambda m: reward_loss(lambda p, b, key: rm.step_log_odds(m, p, b, key),
-                                       lambda p, b, key: rm.reference_lm(m, p, b, key), r.lm_weight,
+            loss=lambda m: reward_loss(lambda p, b, key: reward_scorer.step_log_odds(m, p, b, key),
+                                       lambda p, b, key: reward_scorer.reference_lm(m, p, b, key), r.lm_weight,
                                        r.pairwise_weight, reduction),
             collate=collate,
             init_args=(jnp.zeros((1, r.max_steps), jnp.int32), jnp.ones((1, 8), jnp.int32),
                        jnp.ones((1, 8), jnp.int32)),
-            export_metadata=rm.export_metadata(module, kind, r.max_steps), patience=r.patience)
+            export_metadata=reward_scorer.export_metadata(module, kind, r.max_steps), patience=r.patience)
         init = {"lm": self.policy("sft")}
         if r.head == "scalar":
             init.update(score_kernel=np.zeros((d_model,), np.float32), score_bias=np.zeros((), np.float32))
@@ -217,13 +217,13 @@ class Run:
     def sft_spec(self):
         c = self.config
         train = self.s.splits["train"]
-        pairs = refiner_lib.warmup_pairs(train, self.task, 0.0, seed=c.seed)
+        pairs = stage_data.warmup_pairs(train, self.task, 0.0, seed=c.seed)
         return StageSpec("sft", c.warmup, len(train), pairs, self.generator_eval(c.warmup.eval_examples),
                          self.task.primary_metric, self.lengths.input, self.lengths.target), self.s.pretrained
 
     def generator_eval(self, count: int):
         examples = self.s.splits["val"][:count]
-        return lambda p: refiner_lib.generator_metrics(self.task, self.text_model(p), examples)
+        return lambda p: stage_data.generator_metrics(self.task, self.text_model(p), examples)
 
     def rl_round_spec(self, reward: str, round_index: int, previous: str):
         """A round of expert iteration: sample from the `previous` policy, keep what `reward` accepts, fine-tune."""
@@ -300,7 +300,7 @@ class Run:
             f"SFT log-prob rerank (K={k})": rerank.best_of_k(answers, log_probs),
         }
         if c.reward.critic_workdir:  # a REFINER run's trained critic: its confidence that a sample is right
-            from refiner_jax.critics import load_critic
+            from refiner_jax.refiner.critics import load_critic
 
             critic = load_critic(c.reward.critic_workdir, task, c.eval.batch_size, self.s.mesh)
             confidence = critic.confidence([ex for ex in test for _ in range(k)], flat_h).reshape(len(test), k)
@@ -333,25 +333,15 @@ class Run:
                    "curves": {n: {"coverage": cv.coverage.tolist(), "error": cv.error.tolist()}
                               for n, cv in curves.items()}}
         if shd.is_main_process():
-            rerank.plot_abstention(curves, os.path.join(self.workdir, "abstention.png"))
-            lines = [f"# {task.name}: outcome- vs process-based feedback\n", rerank.markdown_table(table),
-                     "\nReward models and two baselines on the SFT policy's test samples (paired AUROC: within a "
-                     "problem, right vs wrong samples):\n"]
-            lines += [f"- {name}: " + ", ".join(f"{key} {100 * v:.1f}" for key, v in q.items()
-                                                 if isinstance(v, float))
-                      for name, q in quality.items()]
-            lines.append("\n![abstention](abstention.png)\n")
-            with open(os.path.join(self.workdir, "results.md"), "w", encoding="utf-8") as f:
-                f.write("\n".join(lines))
-            print("\n".join(lines))
+            results_lib.write_reward_results(self.workdir, task.name, table, quality, curves)
         _write_json(os.path.join(self.workdir, "results.json"), results)
         return results
 
 
-def mixed_problems(data: Sequence[rm.LabelledSolution], k: int) -> list[rm.LabelledSolution]:
+def mixed_problems(data: Sequence[reward_labels.LabelledSolution], k: int) -> list[reward_labels.LabelledSolution]:
     """The solutions of the problems (runs of `k` consecutive solutions) whose solution labels (the last step's)
     are not all equal: on them the label cannot be told from the problem alone, only from the solution."""
-    out: list[rm.LabelledSolution] = []
+    out: list[reward_labels.LabelledSolution] = []
     for start in range(0, len(data), k):
         group = data[start:start + k]
         if len({bool(s.labels) and s.labels[-1] for s in group}) > 1:
@@ -373,7 +363,7 @@ def _all_steps_right(task: Task, example: Example, hypothesis: str) -> bool:
     return bool(labels) and all(labels)
 
 
-def reward_validation(task: Task, scorer: rm.RewardScorer, kind: str, examples: Sequence[Example],
+def reward_validation(task: Task, scorer: reward_scorer.RewardScorer, kind: str, examples: Sequence[Example],
                       samples: list[list[str]], prm_reduction: str = "min") -> dict[str, float]:
     """A reward model on policy samples of validation problems: step accuracy against its own labels, paired
     (within-problem) AUROC of its solution score against its solution label (the ORM's: the final answer; the PRM's:
@@ -382,7 +372,7 @@ def reward_validation(task: Task, scorer: rm.RewardScorer, kind: str, examples: 
     steps = scorer.step_scores([ex.x for ex, _ in flat], [h for _, h in flat])
     hits, count, scores, labels = 0, 0, [], []
     for (ex, h), s in zip(flat, steps):
-        want = rm.step_labels(kind, task, ex, h)[:len(s)]
+        want = reward_labels.step_labels(kind, task, ex, h)[:len(s)]
         hits += int(np.sum((np.asarray(s) > 0.5) == np.asarray(want, bool)))
         count += len(want)
         reduction = "last" if kind == "orm" else prm_reduction

@@ -13,9 +13,9 @@ from refiner_jax import sharding as shd
 from refiner_jax.models.t5_config import HUB_NAMES, PRESETS
 from refiner_jax.models.base import FAMILIES
 from refiner_jax.models.decoder import PRESETS as DECODER_PRESETS
-from refiner_jax.models.reward import HEADS
-from refiner_jax.critics import CRITIC_MODES
-from refiner_jax.rerank import REDUCTIONS
+from refiner_jax.models.reward_model import HEADS
+from refiner_jax.refiner.critics import CRITIC_MODES
+from refiner_jax.reward.rerank import REDUCTIONS
 from refiner_jax.tasks.prm800k import NEUTRAL_MODES
 from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE
 from refiner_jax.training.optim import make_schedule
@@ -42,8 +42,8 @@ RL_REWARDS = ("final", "orm", "prm")
 def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
-    # "refiner": warm-up, critic, REFINER loop, evaluation (`training.pipeline`); "reward": SFT, outcome and process
-    # reward models, expert iteration, K-sample selection (`training.reward`).
+    # "refiner": warm-up, critic, REFINER loop, evaluation (`runs.refiner_run`); "reward": SFT, outcome and process
+    # reward models, expert iteration, K-sample selection (`runs.reward_run`).
     c.pipeline = "refiner"
 
     c.task = ml_collections.ConfigDict({"name": "mwp", "data_dir": "", "options": {}})
@@ -79,12 +79,12 @@ def base_config() -> ml_collections.ConfigDict:
     # Stage 2: the critic. mode "feedback" (the paper): (x + hypothesis) -> feedback, on gold and perturbed
     # hypotheses, and with `generator_fraction` > 0 that share of each batch on the warmed-up generator's own samples
     # (nucleus `generator_top_p`) with the oracle's feedback; `balanced` gives each problem of a batch a right and a
-    # wrong hypothesis (`training.refiner.critic_pairs`). mode "solve": x -> z* on train plus `fresh_problems`
+    # wrong hypothesis (`refiner.stage_data.critic_pairs`). mode "solve": x -> z* on train plus `fresh_problems`
     # problems of the task's generator that no split holds; at inference it solves (its greedy answer, or with
     # `samples` > 0 the answer most of its greedy answer and that many samples reach), then compares
     # (`critics.SolverCritic`). Either way its "No hint" threshold is then calibrated on `calibration_examples`
     # problems that no stage trains or selects checkpoints on, with the latest generator
-    # (`<workdir>/critic/calibration.json`, `evaluate.calibrate_for_refinement`).
+    # (`<workdir>/critic/calibration.json`, `evaluation.calibrate_for_refinement`).
     c.critic = ml_collections.ConfigDict({
         "mode": "feedback", "steps": 500, "batch_size": 32, "microbatches": 1, "optimizer": _optimizer(2e-3),
         "eval_every": 250, "eval_examples": 300, "generator_fraction": 0.5, "generator_top_p": 1.0,
@@ -100,7 +100,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval = ml_collections.ConfigDict({
         "examples": 1000, "turns": 3, "batch_size": 128, "noise_levels": (0.0, 0.25, 0.5, 0.75, 1.0),
         "bootstrap_samples": 1000})
-    # The reward-model pipeline (`pipeline = "reward"`, `training.reward`): the warm-up section trains the SFT policy,
+    # The reward-model pipeline (`pipeline = "reward"`, `runs.reward_run`): the warm-up section trains the SFT policy,
     # then `reward` its outcome and process reward models on `samples` policy samples (temperature `temperature`,
     # nucleus `top_p`) of each of `train_problems` training problems (with `fresh_problems`, problems of the task's
     # generator that no split holds, which the policy never trained on, like test), validated and early-stopped on
@@ -111,7 +111,7 @@ def base_config() -> ml_collections.ConfigDict:
     # also ranks each problem's right samples above its wrong ones (batches of whole problems). `head` "token" reads
     # the LM's logits of the two `label_tokens` (correct, wrong) at each step end, "scalar" a linear head; with
     # `likelihood` the step score adds a learned multiple of the LM's log-likelihood of the solution so far, so that
-    # the reward model starts from its policy's log-probability (`models.reward`). Evaluation draws
+    # the reward model starts from its policy's log-probability (`models.reward_model`). Evaluation draws
     # `test_samples` per test problem (`eval.examples` of them) and picks one by each rule of `rerank` (the policy's
     # log-probability and, with `critic_workdir` naming a REFINER run of the same task, its trained critic's
     # confidence also rerank); the PRM's solution score is its `prm_reduction` over steps.

@@ -41,7 +41,7 @@ class ModelCritic:
     Problems are `Example`s or plain question strings (for tasks whose critic reads only the question; Moral
     Stories' critic also reads the gold moral action, so it needs `Example`s).
 
-    With a `threshold` (calibrated on validation, `evaluate.calibrate_threshold`) the answer is "No hint" exactly
+    With a `threshold` (calibrated on validation, `evaluation.calibrate_threshold`) the answer is "No hint" exactly
     when the critic's log-probability of "No hint" reaches it, and its greedy feedback otherwise. Without one,
     `prefer_no_hint` replaces the greedy feedback by "No hint" whenever the critic gives "No hint" at least the
     probability of its greedy sentence: every error sentence starts alike ("The ..."), so their summed mass can win
@@ -111,7 +111,7 @@ class SolverCritic:
         by `task.answer_key` (ties to the first); confidence = (votes for the hypothesis' answer - votes for z_c's)
         / (K + 1), in [-1, 0].
     It says "No hint" when the check finds nothing, when z_c is itself malformed (nothing to compare against), or
-    when the confidence reaches `threshold` (calibrated after training, `evaluate.calibrate_for_refinement`; 0 by
+    when the confidence reaches `threshold` (calibrated after training, `evaluation.calibrate_for_refinement`; 0 by
     default: a hypothesis at least as likely as its own answer is not criticised).
 
         critic = SolverCritic(load_text_model(workdir + "/critic", tokenizer, 56, 24), get_task("mwp"))

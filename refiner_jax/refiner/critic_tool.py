@@ -20,7 +20,7 @@ import random
 import sys
 from typing import Any, Callable, Iterable, Sequence
 
-from refiner_jax import critics, evaluate, refine, text_model
+from refiner_jax.refiner import critics, feedback_loop
 from refiner_jax.tasks.base import (DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, as_task_question, json_objects,
                                     gold_fields_read, is_no_hint)
 
@@ -255,7 +255,7 @@ class _Unscored:
 
 def interactive_refine(task: Task, generator, example: Example, suggest: critics.Critic | None = None,
                        turns: int = 3, template: str = DEFAULT_REFINE_TEMPLATE,
-                       ask: Callable[[str], str] = input, show: Callable[[str], None] = print) -> refine.Trajectory:
+                       ask: Callable[[str], str] = input, show: Callable[[str], None] = print) -> feedback_loop.Trajectory:
     """Refines one problem with a person as the critic (`critics.HumanCritic`); stops when the person answers
     "ok" or "No hint" (or accepts a "No hint" suggestion) or after `turns` revisions. Scores each turn when the
     example has a gold hypothesis."""
@@ -266,7 +266,7 @@ def interactive_refine(task: Task, generator, example: Example, suggest: critics
 
     human = critics.HumanCritic(suggest=suggest, ask=ask_feedback, show=show)
     scored = bool(example.z)
-    [trajectory] = refine.refine(generator, human, task if scored else _Unscored(task), [example], turns, template)
+    [trajectory] = feedback_loop.refine(generator, human, task if scored else _Unscored(task), [example], turns, template)
     stopped = len(trajectory.feedback) > len(trajectory.hypotheses) - 1
     show(f"\nFinal hypothesis ({len(trajectory.hypotheses) - 1} revision(s)"
          f"{', accepted' if stopped else ', turn limit reached'}): {trajectory.hypotheses[-1]}")
@@ -298,25 +298,9 @@ def choose_example(examples: Sequence[Example], ask: Callable[[str], str], show:
     return Example(uid="typed", x=as_task_question(task, typed), z="", y="")
 
 
-def interactive_session(workdir: str, turns: int = 3, split: str = "test", use_critic: bool = True,
-                        ask: Callable[[str], str] = input,
-                        show: Callable[[str], None] = print) -> list[refine.Trajectory]:
-    """`interactive_loop` over a trained run: its generator (REFINER, else warm-up), its critic's suggestions (when
-    `use_critic` and the critic stage is trained) and the problems of `split`, one prompt at a time."""
-    run = text_model.RunInfo.load(workdir)
-    task = run.task()
-    _, generator, suggest = evaluate.load_run_models(run, task, batch_size=1, with_critic=use_critic)
-    if use_critic and suggest is None:
-        show(f"{os.path.join(workdir, 'critic', 'export')} not found: no critic suggestions (train the critic "
-             "stage to get them)")
-    examples = task.load(split, run.config["task"].get("data_dir") or None)
-    template = run.config.get("refiner", {}).get("template", DEFAULT_REFINE_TEMPLATE)
-    return interactive_loop(task, generator, examples, suggest, turns, template, ask, show)
-
-
 def interactive_loop(task: Task, generator, examples: Sequence[Example], suggest: critics.Critic | None = None,
                      turns: int = 3, template: str = DEFAULT_REFINE_TEMPLATE, ask: Callable[[str], str] = input,
-                     show: Callable[[str], None] = print, seed: int = 0) -> list[refine.Trajectory]:
+                     show: Callable[[str], None] = print, seed: int = 0) -> list[feedback_loop.Trajectory]:
     """Problem after problem until the person quits; returns the trajectories."""
     rng = random.Random(seed)
     out = []

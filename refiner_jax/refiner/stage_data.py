@@ -19,8 +19,10 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from refiner_jax.text_model import TextModel
+from refiner_jax import stats
+from refiner_jax.refiner import evaluation
 from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task, refine_input
+from refiner_jax.text_model import TextModel
 
 
 def _rng(seed: int, step: int, *salt: int) -> random.Random:
@@ -84,11 +86,9 @@ def _perturbation(task: Task, example: Example, rng: random.Random, right: bool,
 
 def critic_validation(task: Task, critic, examples: Sequence[Example], seed: int) -> dict[str, float]:
     """The critic stage's validation figures: within-problem AUROC of its confidence (each problem's gold vs its
-    perturbations, `evaluate.paired_auroc`), and feedback exact match on a fixed perturbation set, overall, on right
+    perturbations, `stats.paired_auroc`), and feedback exact match on a fixed perturbation set, overall, on right
     ("no_error") and wrong hypotheses and per error kind."""
-    from refiner_jax import evaluate
-
-    quality = evaluate.critic_quality(task, critic, examples, seed, bootstrap_samples=1)
+    quality = evaluation.critic_quality(task, critic, examples, seed, bootstrap_samples=1)
     out = {"paired_auroc": quality["paired_auroc"], "feedback_em": quality["feedback_em"]["all"]["mean"]}
     out.update({f"feedback_em/{k}": v["mean"] for k, v in quality["feedback_em"].items() if k != "all"})
     return out
@@ -97,13 +97,11 @@ def critic_validation(task: Task, critic, examples: Sequence[Example], seed: int
 def calibrate_critic(task: Task, critic, examples: Sequence[Example], hypotheses: Sequence[str]) -> dict[str, float]:
     """The critic's "No hint" threshold that best separates right from wrong `hypotheses` (one per example, e.g. the
     warmed-up generator's answers to validation problems), and the figures behind it."""
-    from refiner_jax import evaluate
-
     has_error = [not task.oracle_feedback(ex, h).ok for ex, h in zip(examples, hypotheses)]
     confidence = critic.confidence(list(examples), list(hypotheses))
-    threshold, accuracy = evaluate.calibrate_threshold(confidence, has_error)
+    threshold, accuracy = evaluation.calibrate_threshold(confidence, has_error)
     return {"threshold": threshold, "accuracy": accuracy, "n": len(has_error), "wrong": int(sum(has_error)),
-            "auroc": evaluate.error_auroc(confidence, has_error)}
+            "auroc": stats.error_auroc(confidence, has_error)}
 
 
 def warmup_pairs(examples: Sequence[Example], task: Task, feedback_fraction: float = 0.0,

@@ -11,15 +11,13 @@ model, a Python function or a person can be evaluated.
 from __future__ import annotations
 
 import math
-import os
 import random
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from jax.sharding import Mesh
 
-from refiner_jax import critics, refine, text_model
-from refiner_jax import sharding as shd
+from refiner_jax.refiner import critics, feedback_loop
+from refiner_jax.stats import bootstrap_ci, bootstrap_columns, error_auroc, paired_auroc
 from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task, feedback_matches, is_no_hint, refine_input
 
 ROW_LABELS = {
@@ -28,42 +26,11 @@ ROW_LABELS = {
     "critic": "+ trained critic (T={turns})",
     "oracle": "+ oracle critic (T={turns})",
 }
-_MAX_BOOTSTRAP_CELLS = 4_000_000  # resampled indices held in memory at once (samples x examples)
 # Seed offset of the held-out perturbation set used to measure the critic (fixed, independent of training's).
 CRITIC_EVAL_SEED = 104729
 
 
 # ----------------------------------------------------------------------------------------------- statistics
-
-
-def _bootstrap_columns(values: np.ndarray, samples: int, seed: int, alpha: float):
-    """Means and percentile-bootstrap bounds of each column of `values` [n, k], one set of resamples for all."""
-    n = values.shape[0]
-    if n == 0:
-        nan = np.full(values.shape[1], np.nan)
-        return nan, nan, nan
-    rng = np.random.default_rng(seed)
-    block = max(1, _MAX_BOOTSTRAP_CELLS // n)
-    means = []
-    for start in range(0, samples, block):
-        idx = rng.integers(0, n, size=(min(block, samples - start), n))  # [b, n]
-        means.append(values[idx].mean(axis=1))  # [b, k]
-    means = np.concatenate(means, axis=0)  # [samples, k]
-    low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2], axis=0)
-    return values.mean(axis=0), low, high
-
-
-def bootstrap_ci(values: Sequence[float], samples: int = 1000, seed: int = 0,
-                 alpha: float = 0.05) -> tuple[float, float, float]:
-    """(mean, low, high): the mean of `values` and its (1 - alpha) percentile-bootstrap interval, resampling the
-    values (examples) with replacement `samples` times. NaNs for an empty sequence."""
-    if samples < 1:
-        raise ValueError(f"bootstrap samples must be >= 1, got {samples}")
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    arr = np.asarray(values, dtype=np.float64).reshape(-1, 1)
-    mean, low, high = _bootstrap_columns(arr, samples, seed, alpha)
-    return float(mean[0]), float(low[0]), float(high[0])
 
 
 def summarize_metrics(per_example: Sequence[Mapping[str, float]], whole: Mapping[str, float] | None = None,
@@ -75,7 +42,7 @@ def summarize_metrics(per_example: Sequence[Mapping[str, float]], whole: Mapping
     columns = [k for k in keys if per_example and all(k in s for s in per_example)]
     table = np.array([[float(s[k]) for k in columns] for s in per_example], dtype=np.float64).reshape(
         len(per_example), len(columns))
-    mean, low, high = _bootstrap_columns(table, samples, seed, alpha)
+    mean, low, high = bootstrap_columns(table, samples, seed, alpha)
     out: dict[str, dict] = {}
     for j, k in enumerate(columns):
         decomposable = whole is None or math.isclose(float(whole[k]), float(mean[j]), rel_tol=1e-9, abs_tol=1e-9)
@@ -99,21 +66,21 @@ def primary_metric(task: Task, metric_names: Sequence[str]) -> str:
 # ----------------------------------------------------------------------------------------------- refinement
 
 
-def _turn_scores(traj: refine.Trajectory, turn: int) -> dict[str, float]:
+def _turn_scores(traj: feedback_loop.Trajectory, turn: int) -> dict[str, float]:
     return traj.scores[min(turn, len(traj.scores) - 1)]
 
 
-def _row(task: Task, examples: Sequence[Example], trajectories: Sequence[refine.Trajectory], turn: int | None,
+def _row(task: Task, examples: Sequence[Example], trajectories: Sequence[feedback_loop.Trajectory], turn: int | None,
          samples: int, seed: int) -> dict[str, dict]:
     """Metrics of the trajectories' hypotheses after `turn` revisions (None: their final ones)."""
     last = max((len(t.scores) for t in trajectories), default=1) - 1
     t = last if turn is None else turn
     per_example = [_turn_scores(traj, t) for traj in trajectories]
-    whole = task.score(refine.final_hypotheses(trajectories, turn), list(examples)) if examples else {}
+    whole = task.score(feedback_loop.final_hypotheses(trajectories, turn), list(examples)) if examples else {}
     return summarize_metrics(per_example, whole, samples, seed)
 
 
-def paired_gain(trajectories: Sequence[refine.Trajectory], metric: str, turn: int | None, samples: int,
+def paired_gain(trajectories: Sequence[feedback_loop.Trajectory], metric: str, turn: int | None, samples: int,
                 seed: int) -> dict[str, float]:
     """`metric` after `turn` revisions (None: final) minus at turn 0, paired per example: {mean, low, high} with a
     percentile-bootstrap interval that resamples examples (both turns together). Tighter than comparing the two
@@ -125,7 +92,7 @@ def paired_gain(trajectories: Sequence[refine.Trajectory], metric: str, turn: in
     return {"mean": mean, "low": low, "high": high}
 
 
-def count_flips(trajectories: Sequence[refine.Trajectory], metric: str, turns: int,
+def count_flips(trajectories: Sequence[feedback_loop.Trajectory], metric: str, turns: int,
                 threshold: float = 0.5) -> list[dict]:
     """Wrong->right and right->wrong changes of `metric` between consecutive turns 0->1, ..., (T-1)->T and between
     turn 0 and turn T. An example counts as right when its score is >= `threshold` (binary metrics: == 1); one that
@@ -145,7 +112,7 @@ def count_flips(trajectories: Sequence[refine.Trajectory], metric: str, turns: i
     return out
 
 
-def _trajectory_records(trajectories: Sequence[refine.Trajectory], setting: str) -> list[dict]:
+def _trajectory_records(trajectories: Sequence[feedback_loop.Trajectory], setting: str) -> list[dict]:
     return [{"setting": setting, "uid": t.uid, "hypotheses": t.hypotheses, "feedback": t.feedback,
              "scores": t.scores} for t in trajectories]
 
@@ -171,10 +138,10 @@ def evaluate_refinement(task: Task, generator, critic: critics.Critic | None, or
         raise ValueError("evaluate_refinement needs at least one example")
     oracle = oracle if oracle is not None else critics.OracleCritic(task)
     z0 = list(initial) if initial is not None else generator.greedy([ex.x for ex in examples])
-    runs: dict[str, list[refine.Trajectory]] = {}
+    runs: dict[str, list[feedback_loop.Trajectory]] = {}
     if critic is not None:
-        runs["critic"] = refine.refine(generator, critic, task, examples, turns, template, initial=z0)
-    runs["oracle"] = refine.refine(generator, oracle, task, examples, turns, template, initial=z0)
+        runs["critic"] = feedback_loop.refine(generator, critic, task, examples, turns, template, initial=z0)
+    runs["oracle"] = feedback_loop.refine(generator, oracle, task, examples, turns, template, initial=z0)
     any_run = next(iter(runs.values()))
     metric_names = list(any_run[0].scores[0])
     primary = primary_metric(task, metric_names)
@@ -236,38 +203,6 @@ def _detection(predicted: Sequence[str], gold_has_error: Sequence[bool]) -> dict
     f1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else float("nan")
     return {"precision": precision, "recall": recall, "f1": f1, "true_positives": tp,
             "predicted_errors": int(pred.sum()), "gold_errors": int(gold.sum())}
-
-
-def error_auroc(confidence: Sequence[float], has_error: Sequence[bool]) -> float:
-    """Area under the ROC curve of flagging errors by low `confidence` (e.g. the critic's log-probability of "No
-    hint"): the chance that a random wrong hypothesis gets a lower confidence than a random right one, ties counting
-    half (Mann-Whitney). 0.5 is chance; NaN when all hypotheses are right or all wrong."""
-    conf = np.asarray(confidence, dtype=np.float64)
-    wrong = np.asarray(has_error, dtype=bool)
-    n_wrong, n_right = int(wrong.sum()), int((~wrong).sum())
-    if n_wrong == 0 or n_right == 0:
-        return float("nan")
-    _, inverse, counts = np.unique(conf, return_inverse=True, return_counts=True)
-    ranks = (np.cumsum(counts) - (counts - 1) / 2.0)[inverse]  # 1-based ranks, ties get their mean rank
-    return float((ranks[~wrong].sum() - n_right * (n_right + 1) / 2.0) / (n_wrong * n_right))
-
-
-def paired_auroc(confidence: Sequence[float], has_error: Sequence[bool], groups: Sequence[Any]) -> float:
-    """`error_auroc` within problems: over every (right, wrong) pair of hypotheses to the same problem (same
-    `groups` value), the share where the right one gets the higher confidence, ties counting half. Unlike the
-    pooled AUROC it cannot be earned by telling easy problems from hard ones. NaN without such pairs."""
-    conf = np.asarray(confidence, dtype=np.float64)
-    wrong = np.asarray(has_error, dtype=bool)
-    _, group_ids = np.unique(np.asarray([str(g) for g in groups]), return_inverse=True)
-    wins, pairs = 0.0, 0
-    for g in range(int(group_ids.max()) + 1 if len(group_ids) else 0):
-        members = group_ids == g
-        right, bad = conf[members & ~wrong], conf[members & wrong]
-        if len(right) and len(bad):
-            diff = right[:, None] - bad[None, :]  # [right, wrong]
-            wins += float(np.sum(diff > 0) + 0.5 * np.sum(diff == 0))
-            pairs += diff.size
-    return wins / pairs if pairs else float("nan")
 
 
 def calibrate_threshold(confidence: Sequence[float], has_error: Sequence[bool]) -> tuple[float, float]:
@@ -455,89 +390,8 @@ def noise_study(task: Task, generator, oracle: critics.Critic | None, examples: 
         if not 0.0 <= eps <= 1.0:
             raise ValueError(f"noise level epsilon must be in [0, 1], got {eps}")
         noisy = critics.NoisyCritic(oracle, task, float(eps), seed=seed)
-        trajectories = refine.refine(generator, noisy, task, examples, turns, template, initial=z0)
+        trajectories = feedback_loop.refine(generator, noisy, task, examples, turns, template, initial=z0)
         metrics = _row(task, examples, trajectories, None, bootstrap_samples, seed)
         primary = primary or primary_metric(task, list(trajectories[0].scores[0]))
         rows.append({"epsilon": float(eps), "metrics": metrics, **metrics[primary]})
     return {"primary_metric": primary, "turns": turns, "rows": rows}
-
-
-# ----------------------------------------------------------------------------------------------- trained runs
-
-
-def generator_stage_dir(workdir: str, stages: Sequence[str] = ("refiner", "warmup")) -> str:
-    """The first stage directory of `stages` that has an export (the REFINER generator, else the warm-up one)."""
-    for stage in stages:
-        path = os.path.join(workdir, stage)
-        if os.path.isdir(os.path.join(path, "export")):
-            return path
-    raise FileNotFoundError(f"no trained generator in {workdir}: expected {' or '.join(s + '/export' for s in stages)} "
-                            "(train with launch/train.py --workdir=...)")
-
-
-def load_run_models(run: text_model.RunInfo, task: Task, batch_size: int, with_critic: bool = True,
-                    mesh: Mesh | None = None) -> tuple[str, text_model.TextModel, critics.Critic | None]:
-    """(generator stage directory, generator, trained critic) of a run: the REFINER generator (else the warm-up
-    one) and the critic, None when it was not trained or `with_critic` is False. Prompts are padded to the run's
-    token budgets, so each model compiles its sampler once; with a `mesh`, they are split over its devices."""
-    generator_dir = generator_stage_dir(run.workdir)
-    tokenizer = run.tokenizer()
-    lengths = run.lengths
-    generator = text_model.load_text_model(generator_dir, tokenizer, lengths["refine_input"], lengths["target"],
-                                       lengths["refine_input"], batch_size, mesh=mesh)
-    critic = None
-    critic_dir = os.path.join(run.workdir, "critic")
-    if with_critic and os.path.isdir(os.path.join(critic_dir, "export")):
-        critic = critics.load_critic(run, task, batch_size, mesh=mesh)
-    return generator_dir, generator, critic
-
-
-def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples: int | None = None,
-                 turns: int | None = None, out_dir: str | None = None, mesh: Mesh | None = None) -> dict[str, Any]:
-    """Evaluates a trained run directory and writes `results.md`, `results.json`, `predictions.jsonl` and plots
-    to `out_dir` (default `<workdir>/eval`).
-
-    Generator: `<workdir>/refiner` (else `<workdir>/warmup`); critic: `<workdir>/critic` (rows left out when it
-    was not trained). Settings come from the run's config (`config_dict`, default `<workdir>/config.json`):
-    `eval.examples/turns/batch_size/noise_levels/bootstrap_samples`, `refiner.template`, `task.data_dir`. With a
-    `mesh`, the models sample over its devices (`text_model.TextModel`).
-    """
-    from refiner_jax import results as results_lib
-
-    if config_dict is not None:
-        config = config_dict.to_dict() if hasattr(config_dict, "to_dict") else dict(config_dict)
-        run = text_model.RunInfo(workdir, config)
-    else:
-        run = text_model.RunInfo.load(workdir)
-    eval_cfg = dict(run.config.get("eval", {}))
-    turns = int(turns if turns is not None else eval_cfg.get("turns", 3))
-    if turns < 1:
-        raise ValueError(f"turns={turns}: refinement needs at least one critic/revision turn")
-    batch_size = int(eval_cfg.get("batch_size", 64))
-    samples = int(eval_cfg.get("bootstrap_samples", 1000))
-    epsilons = tuple(eval_cfg.get("noise_levels", (0.0, 0.25, 0.5, 0.75, 1.0)))
-    template = run.config.get("refiner", {}).get("template", DEFAULT_REFINE_TEMPLATE)
-    seed = int(run.config.get("seed", 0))
-    limit = max_examples if max_examples is not None else eval_cfg.get("examples")
-    if limit is not None and int(limit) < 1:
-        raise ValueError(f"examples={limit}: evaluate at least one test problem")
-
-    task = run.task()
-    data_dir = run.config.get("task", {}).get("data_dir") or None
-    examples = task.load("test", data_dir)
-    examples = examples[:int(limit)] if limit is not None else examples
-    generator_dir, generator, critic = load_run_models(run, task, batch_size, mesh=mesh)
-    if critic is None:
-        print(f"[eval] {os.path.join(workdir, 'critic')}/export not found: the trained-critic rows are left out")
-
-    z0 = generator.greedy([ex.x for ex in examples])
-    results = evaluate_refinement(task, generator, critic, None, examples, turns, template, samples, seed,
-                                  initial=z0)
-    results["noise"] = noise_study(task, generator, None, examples, epsilons, turns, template, samples, seed,
-                                   initial=z0)
-    results["generator_stage"] = os.path.basename(generator_dir)
-    results["workdir"] = os.path.abspath(workdir)
-    results["training"] = results_lib.training_summary(workdir)
-    if shd.is_main_process():  # every process of a multi-process run evaluates (on its own devices); one writes
-        results_lib.write_results(results, out_dir or os.path.join(workdir, "eval"), workdir=workdir)
-    return results

@@ -15,12 +15,11 @@ from typing import Callable, Hashable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from refiner_jax.results import format_ci
+from refiner_jax.stats import interval, resamples
 
 REDUCTIONS = ("last", "min", "prod")
 COVERAGES = tuple(np.round(np.arange(1, 21) / 20, 2))  # 0.05, 0.10, ..., 1.0
 COLUMNS = ("final_answer_error", "trace_error", "abstention_error")
-_MAX_BOOTSTRAP_CELLS = 4_000_000  # resampled indices held at once, as in evaluate.bootstrap_ci
 
 
 # ----------------------------------------------------------------------------------------------- step scores
@@ -308,7 +307,7 @@ def results_table(outcomes: Mapping[str, Outcome], rate: float = 0.3, samples: i
                   alpha: float = 0.05) -> RulesTable:
     """Final-answer error, trace error and error at `rate` abstention per rule, each with a (1 - alpha)
     percentile-bootstrap interval. Problems are resampled in pairs across rules: every rule is scored on the same
-    `samples` resampled problem sets (drawn as `evaluate.bootstrap_ci` draws them), so rows are comparable."""
+    `samples` resampled problem sets (`stats.resamples`), so rows are comparable."""
     if not outcomes:
         raise ValueError("no rules to tabulate")
     if samples < 1 or not 0.0 < alpha < 1.0 or not 0.0 <= rate < 1.0:
@@ -319,11 +318,8 @@ def results_table(outcomes: Mapping[str, Outcome], rate: float = 0.3, samples: i
         raise ValueError(f"rules were scored on different numbers of problems: {sizes}")
     n = sizes[0]
     kept = _kept(1.0 - rate, n)
-    rng = np.random.default_rng(seed)
-    block = max(1, _MAX_BOOTSTRAP_CELLS // n)
     draws: dict[str, list] = {name: [] for name in outs}
-    for start in range(0, samples, block):
-        idx = rng.integers(0, n, size=(min(block, samples - start), n))  # [b, n] shared by every rule
+    for idx in resamples(n, samples, seed):  # [b, n] shared by every rule
         for name, o in outs.items():
             draws[name].append(_statistics(o, idx, kept))
     rows, deltas = {}, {}
@@ -333,49 +329,7 @@ def results_table(outcomes: Mapping[str, Outcome], rate: float = 0.3, samples: i
     for name, o in outs.items():
         point = _statistics(o, np.arange(n)[None], kept)[0]
         values = np.concatenate(draws[name])  # [samples, 3]
-        rows[name] = {col: _interval(point[j], values[:, j], alpha) for j, col in enumerate(COLUMNS)}
+        rows[name] = {col: interval(point[j], values[:, j], alpha) for j, col in enumerate(COLUMNS)}
         if name != baseline:
-            deltas[name] = _interval(point[0] - base_point[0], values[:, 0] - base_values[:, 0], alpha)
+            deltas[name] = interval(point[0] - base_point[0], values[:, 0] - base_values[:, 0], alpha)
     return RulesTable(rows, rate, n, samples, alpha, deltas, baseline)
-
-
-def _interval(point: float, values: np.ndarray, alpha: float) -> dict:
-    finite = values[~np.isnan(values)]  # a resample with no right answer has no trace error
-    if np.isnan(point) or finite.size == 0:
-        return {"mean": math.nan, "low": math.nan, "high": math.nan}
-    low, high = np.quantile(finite, [alpha / 2, 1 - alpha / 2])
-    return {"mean": float(point), "low": float(low), "high": float(high)}
-
-
-def markdown_table(table: RulesTable) -> str:
-    """The table in Markdown, errors in % as `value [low, high]` (the format of `results.md`)."""
-    header = ["Rule", "Final-answer error (%)", "Trace error (%)", f"Error at {100 * table.rate:g}% abstention (%)"]
-    if table.deltas:
-        header.append(f"Δ final-answer error vs {table.baseline}, paired")
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for name, row in table.rows.items():
-        cells = ["–" if math.isnan(row[c]["mean"]) else format_ci(row[c]) for c in COLUMNS]
-        if table.deltas:
-            cells.append(format_ci(table.deltas[name], signed=True) if name in table.deltas else "–")
-        lines.append("| " + " | ".join([name, *cells]) + " |")
-    lines.append(f"\n{table.n_problems} problems; brackets: {100 * (1 - table.alpha):g}% percentile-bootstrap "
-                 f"interval over problems ({table.samples} resampled sets shared by all rules).")
-    return "\n".join(lines) + "\n"
-
-
-def plot_abstention(curves: Mapping[str, Curve], path: str) -> str:
-    """Error-vs-coverage PNG at `path`, one line per selection rule; returns `path`."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(5.5, 4.0))
-    FigureCanvasAgg(fig)  # Agg without pyplot: no global backend switch, no window
-    ax = fig.add_subplot()
-    for name, curve in curves.items():
-        ax.plot(100 * np.asarray(curve.coverage), 100 * np.asarray(curve.error), marker=".", label=name)
-    ax.set(xlabel="coverage (% of problems answered)", ylabel="final-answer error (%)", title="Selective prediction")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=120)
-    return path

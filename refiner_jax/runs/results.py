@@ -1,8 +1,8 @@
-"""Evaluation reports: `results.md` (markdown tables), `results.json`, `predictions.jsonl` and PNG plots.
-
-Input is the dict built by `evaluate.evaluate_refinement` (+ "noise" from `evaluate.noise_study`, + "training"
-from `training_summary`). Task metrics are shown in % as `mean [low, high]` (95% bootstrap CI over examples);
-a metric without a CI (corpus-level) carries a dagger.
+"""The reports of both runs, in one place: REFINER's evaluation (`results.md` tables, `results.json`,
+`predictions.jsonl`, PNG plots) from the dict of `refiner.evaluation.evaluate_refinement` (+ "noise" from
+`noise_study`, + "training" from `training_summary`), and a reward run's rules table and abstention plot. Task
+metrics are shown in % as `mean [low, high]` (95% bootstrap CI over examples); a metric without a CI
+(corpus-level) carries a dagger.
 """
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ import json
 import math
 import os
 from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from refiner_jax.reward.rerank import COLUMNS, Curve, RulesTable
 
 STAGES = ("warmup", "critic", "refiner")
 # Logged per training step, not learning progress: left out of the learning-curve plots.
@@ -224,6 +228,44 @@ def write_results(results: Mapping[str, Any], out_dir: str, workdir: str | None 
     return paths
 
 
+# ----------------------------------------------------------------------------------------------- reward runs
+
+
+def markdown_table(table: RulesTable) -> str:
+    """A reward run's `rerank.RulesTable` in Markdown, errors in % as `value [low, high]` (the format of `results.md`)."""
+    header = ["Rule", "Final-answer error (%)", "Trace error (%)", f"Error at {100 * table.rate:g}% abstention (%)"]
+    if table.deltas:
+        header.append(f"Δ final-answer error vs {table.baseline}, paired")
+    rows = []
+    for name, row in table.rows.items():
+        cells = ["–" if math.isnan(row[c]["mean"]) else format_ci(row[c]) for c in COLUMNS]
+        if table.deltas:
+            cells.append(format_ci(table.deltas[name], signed=True) if name in table.deltas else "–")
+        rows.append([name, *cells])
+    lines = _table(header, rows)
+    lines.append(f"\n{table.n_problems} problems; brackets: {100 * (1 - table.alpha):g}% percentile-bootstrap "
+                 f"interval over problems ({table.samples} resampled sets shared by all rules).")
+    return "\n".join(lines) + "\n"
+
+
+def write_reward_results(workdir: str, task_name: str, table: RulesTable, quality: Mapping[str, Mapping],
+                         curves: Mapping[str, Curve]) -> str:
+    """A reward run's `results.md` (the rules table, the reward models' quality, the abstention plot) and
+    `abstention.png` in `workdir`; prints and returns the markdown."""
+    plot_abstention(curves, os.path.join(workdir, "abstention.png"))
+    lines = [f"# {task_name}: outcome- vs process-based feedback\n", markdown_table(table),
+             "\nReward models and two baselines on the SFT policy's test samples (paired AUROC: within a "
+             "problem, right vs wrong samples):\n"]
+    lines += [f"- {name}: " + ", ".join(f"{key} {100 * v:.1f}" for key, v in q.items() if isinstance(v, float))
+              for name, q in quality.items()]
+    lines.append("\n![abstention](abstention.png)\n")
+    text = "\n".join(lines)
+    with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    print(text)
+    return text
+
+
 # ----------------------------------------------------------------------------------------------- plots
 
 
@@ -307,3 +349,21 @@ def plot_learning_curves(metrics_path: str, out_dir: str) -> dict[str, str]:
         fig.savefig(out[stage], dpi=110)
         plt.close(fig)
     return out
+
+
+def plot_abstention(curves: Mapping[str, Curve], path: str) -> str:
+    """Error-vs-coverage PNG at `path`, one line per selection rule; returns `path`."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.5, 4.0))
+    FigureCanvasAgg(fig)  # Agg without pyplot: no global backend switch, no window
+    ax = fig.add_subplot()
+    for name, curve in curves.items():
+        ax.plot(100 * np.asarray(curve.coverage), 100 * np.asarray(curve.error), marker=".", label=name)
+    ax.set(xlabel="coverage (% of problems answered)", ylabel="final-answer error (%)", title="Selective prediction")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=120)
+    return path

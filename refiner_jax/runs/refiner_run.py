@@ -26,14 +26,16 @@ from refiner_jax.models import decoder as decoder_lib
 from refiner_jax.models import hf, hf_decoder
 from refiner_jax.models.decoder import DecoderConfig
 from refiner_jax.models.t5_config import T5Config, preset
-from refiner_jax.critics import CALIBRATION_FILE, ModelCritic, SolverCritic, load_critic
+from refiner_jax.refiner.critics import CALIBRATION_FILE, ModelCritic, SolverCritic, load_critic
 from refiner_jax.text_model import RunInfo, TextModel
 from refiner_jax.tasks import get_task
 from refiner_jax.tasks.base import NO_HINT, Example, Task, refine_input
 from refiner_jax.tokenizers import (ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer, padded_vocab_size,
                                     train_subword_tokenizer)
-from refiner_jax.training import config as config_lib
-from refiner_jax.training import refiner as refiner_lib
+from refiner_jax.refiner import evaluation, stage_data
+from refiner_jax.runs import refiner_eval
+from refiner_jax.runs import results as results_lib
+from refiner_jax.runs import run_config as config_lib
 from refiner_jax.training.loop import MetricsLog, StageSpec, stage_done, train_stage
 
 STAGES = ("warmup", "critic", "refiner", "eval")
@@ -241,7 +243,7 @@ class _Job:
 
     def generator_eval(self, examples):
         def evaluate(p):
-            return refiner_lib.generator_metrics(self.task, self.text_model(p, self.lengths.input, self.lengths.target),
+            return stage_data.generator_metrics(self.task, self.text_model(p, self.lengths.input, self.lengths.target),
                                                  examples)
         return evaluate
 
@@ -250,7 +252,7 @@ class _Job:
         warm_train = self.train_set[:max(config.warmup.batch_size,
                                          int(round(len(self.train_set) * config.warmup.fraction)))]
         fraction = config.warmup.feedback_fraction
-        pairs = refiner_lib.warmup_pairs(warm_train, self.task, fraction, config.refiner.template, config.seed)
+        pairs = stage_data.warmup_pairs(warm_train, self.task, fraction, config.refiner.template, config.seed)
         return StageSpec("warmup", config.warmup, len(warm_train), pairs,
                          self.generator_eval(self.val[:config.warmup.eval_examples]), self.task.primary_metric,
                          lengths.refine_input if fraction > 0 else lengths.input, lengths.target)
@@ -261,8 +263,8 @@ class _Job:
         if config.critic.mode == "solve":
             problems = self.train_set + self.fresh_problems()[1]
             return StageSpec(
-                "critic", config.critic, len(problems), refiner_lib.warmup_pairs(problems, task, seed=config.seed),
-                lambda p: refiner_lib.critic_validation(
+                "critic", config.critic, len(problems), stage_data.warmup_pairs(problems, task, seed=config.seed),
+                lambda p: stage_data.critic_validation(
                     task, SolverCritic(self.text_model(p, lengths.input, lengths.target), task), critic_val,
                     config.seed),
                 "paired_auroc", lengths.input, lengths.target)
@@ -271,12 +273,12 @@ class _Job:
             sampled = max(1, int(round(config.critic.batch_size * config.critic.generator_fraction)))
             generator = TextModel(s.model_config, self.warmed_up_params(), s.tokenizer, lengths.input,
                                   lengths.target, bucket=lengths.input, batch_size=sampled, mesh=s.mesh)
-        pairs = refiner_lib.critic_pairs(task, self.train_set, config.seed, generator,
+        pairs = stage_data.critic_pairs(task, self.train_set, config.seed, generator,
                                          config.critic.generator_fraction, top_p=config.critic.generator_top_p,
                                          balanced=config.critic.balanced)
         return StageSpec(
             "critic", config.critic, len(self.train_set), pairs,
-            lambda p: refiner_lib.critic_validation(
+            lambda p: stage_data.critic_validation(
                 task, ModelCritic(self.text_model(p, lengths.critic_input, lengths.feedback), task), critic_val,
                 config.seed),
             "paired_auroc", lengths.critic_input, lengths.feedback)
@@ -285,7 +287,7 @@ class _Job:
         config, lengths = self.config, self.lengths
         sampler_model = self.text_model(None, lengths.refine_input, lengths.target)
         return StageSpec("refiner", config.refiner, len(self.train_set),
-                         refiner_lib.refiner_pairs(self.task, self.train_set, sampler_model, config.refiner,
+                         stage_data.refiner_pairs(self.task, self.train_set, sampler_model, config.refiner,
                                                    config.seed),
                          self.generator_eval(self.val[:config.refiner.eval_examples]), self.task.primary_metric,
                          lengths.refine_input, lengths.target)
@@ -311,11 +313,9 @@ class _Job:
 
     def calibrate_critic(self) -> None:
         """Calibrates the trained critic's "No hint" threshold on `calibration_problems`, with the best generator
-        trained so far (`evaluate.calibrate_for_refinement`: the threshold that helps one refinement turn most);
+        trained so far (`evaluation.calibrate_for_refinement`: the threshold that helps one refinement turn most);
         without a generator, by error-detection accuracy on perturbations. Done again when a better generator
         (the REFINER one) has been trained since."""
-        from refiner_jax import evaluate
-
         config, workdir, task = self.config, self.workdir, self.task
         path = os.path.join(workdir, "critic", CALIBRATION_FILE)
         generators = [name for name in ("refiner", "warmup") if stage_done(workdir, name) is not None]
@@ -331,12 +331,12 @@ class _Job:
         examples = self.calibration_problems()
         if generators:
             params = ckpt_lib.load_params(os.path.join(workdir, source, "export"))[0]
-            calibration = evaluate.calibrate_for_refinement(
+            calibration = evaluation.calibrate_for_refinement(
                 task, critic, self.text_model(params, self.lengths.refine_input, self.lengths.target), examples,
                 config.refiner.template)
         else:
             hypotheses = [task.perturb(ex, random.Random(config.seed + i))[0] for i, ex in enumerate(examples)]
-            calibration = refiner_lib.calibrate_critic(task, critic, examples, hypotheses)
+            calibration = stage_data.calibrate_critic(task, critic, examples, hypotheses)
         calibration["generator"] = source
         if shd.is_main_process():
             with open(path, "w", encoding="utf-8") as f:
@@ -346,16 +346,14 @@ class _Job:
         shd.sync_processes("critic calibrated")
 
     def evaluate(self) -> None:
-        """The results tables (`evaluate.evaluate_run`) once, when requested; `eval/DONE` marks them written."""
+        """The results tables (`refiner_eval.evaluate_run`) once, when requested; `eval/DONE` marks them written."""
         workdir = self.workdir
         self.results["eval"] = stage_done(workdir, "eval")
         if "eval" not in self.stages or self.results["eval"] is not None:
             return
-        from refiner_jax import evaluate, results as results_lib
-
         start = time.time()
-        evaluation = evaluate.evaluate_run(workdir, json.loads(self.config.to_json()),
-                                           max_examples=self.config.eval.examples, out_dir=workdir, mesh=self.s.mesh)
+        evaluation = refiner_eval.evaluate_run(workdir, json.loads(self.config.to_json()),
+                                             max_examples=self.config.eval.examples, out_dir=workdir, mesh=self.s.mesh)
         self.timings["eval"] = time.time() - start
         self.results["eval"] = {"rows": evaluation["rows"], "seconds": self.timings["eval"]}
         if shd.is_main_process():

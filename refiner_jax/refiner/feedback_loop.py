@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from refiner_jax.critics import Critic
+from refiner_jax.refiner.critics import Critic
 from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task, is_no_hint, refine_input
 from refiner_jax.text_model import TextModel
 

@@ -1,0 +1,128 @@
+"""A trained reward model (`models.reward_model.RewardModel`) as a batched function of (prompt, solution, steps) ->
+per-step P(correct so far), all steps of a solution in one forward pass; its export and loading.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from refiner_jax import checkpoint as ckpt_lib
+from refiner_jax.models.decoder import Decoder, DecoderConfig
+from refiner_jax.models.reward_model import RewardModel
+from refiner_jax.models.t5 import T5, shift_right
+from refiner_jax.models.t5_config import T5Config
+from refiner_jax.reward import rerank
+from refiner_jax.reward.batches import decoder_batch, t5_batch
+from refiner_jax.reward.labels import LabelledSolution
+from refiner_jax.tasks.base import Task
+from refiner_jax.tokenizers import PAD_ID, Tokenizer
+
+
+def reference_lm(module: RewardModel, params: Any, batch: dict, rng: jax.Array | None = None
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The trunk's teacher-forced (logits [b, len, vocab], targets [b, len], weights [b, len]) of the reference
+    solutions `batch['references']` given the prompts, for the joint language-modelling loss."""
+    rngs = None if rng is None else {"dropout": rng}
+    train = rng is not None
+    references = batch["references"]
+    if isinstance(module.lm, T5):
+        logits = module.apply({"params": params}, batch["inputs"], shift_right(references), train=train, rngs=rngs,
+                              method=RewardModel.lm_logits)
+        return logits, references, references != PAD_ID
+    weights = batch["reference_weights"]
+    logits = module.apply({"params": params}, references, batch["reference_mask"], train=train, rngs=rngs,
+                          method=RewardModel.lm_logits)
+    return logits[:, :-1], references[:, 1:], weights[:, 1:]
+
+
+def step_log_odds(module: RewardModel, params: Any, batch: dict, rng: jax.Array | None = None) -> jax.Array:
+    """The reward model's log-odds [b, max_steps] on a `t5_batch` or `decoder_batch` (dropout with `rng`)."""
+    rngs = None if rng is None else {"dropout": rng}
+    extra = {"solution_mask": batch["solution_mask"]} if module.likelihood else {}
+    if isinstance(module.lm, T5):
+        return module.apply({"params": params}, batch["positions"], batch["inputs"], shift_right(batch["targets"]),
+                            train=rng is not None, rngs=rngs, **extra)
+    return module.apply({"params": params}, batch["positions"], batch["tokens"], batch["mask"],
+                        train=rng is not None, rngs=rngs, **extra)
+
+def _one_step(text: str) -> list[str]:
+    return [text] if text else []
+
+
+@dataclasses.dataclass
+class RewardScorer:
+    """A trained reward model as a batched scorer of solutions. Rows are padded to `batch_size` and tokens to the
+    budgets, so scoring compiles once."""
+
+    module: RewardModel
+    params: Any
+    tokenizer: Tokenizer
+    input_len: int
+    target_len: int
+    max_steps: int
+    batch_size: int = 256
+    split_steps: Callable[[str], list[str]] = _one_step  # a task's `split_steps`
+
+    def __post_init__(self):
+        self._fn = jax.jit(functools.partial(step_log_odds, self.module))
+
+    def step_scores(self, prompts: Sequence[str], texts: Sequence[str]) -> list[np.ndarray]:
+        """P(correct so far) at each step of each solution (steps past the token budgets get none), the steps cut by
+        `split_steps`."""
+        out: list[np.ndarray] = []
+        for start in range(0, len(texts), self.batch_size):
+            chunk = [LabelledSolution(p, t, tuple(self.split_steps(t)), ())
+                     for p, t in zip(prompts[start:start + self.batch_size], texts[start:start + self.batch_size])]
+            pad = [LabelledSolution("", "", (), ())] * (self.batch_size - len(chunk))
+            if self._is_t5:
+                batch = t5_batch(self.tokenizer, chunk + pad, self.input_len, self.target_len, self.max_steps)
+            else:
+                batch = decoder_batch(self.tokenizer, chunk + pad, self.input_len + self.target_len, self.max_steps)
+            feed = {k: batch[k] for k in ("inputs", "targets", "tokens", "mask", "positions", "solution_mask")
+                    if k in batch}
+            probs = np.asarray(jax.nn.sigmoid(self._fn(self.params, feed)))  # [batch, max_steps]
+            for i in range(len(chunk)):
+                out.append(probs[i, batch["label_mask"][i] > 0])
+        return out
+
+    @property
+    def _is_t5(self) -> bool:
+        return isinstance(self.module.lm, T5)
+
+    def solution_scores(self, prompts: Sequence[str], texts: Sequence[str], reduction: str = "last") -> np.ndarray:
+        """One score per solution (`rerank.solution_scores`); 0 for a solution with no scored step."""
+        steps = self.step_scores(prompts, texts)
+        scored = [i for i, s in enumerate(steps) if len(s)]
+        out = np.zeros(len(steps))
+        if scored:
+            out[scored] = rerank.solution_scores([steps[i] for i in scored], reduction)
+        return out
+
+
+def export_metadata(module: RewardModel, kind: str, max_steps: int) -> dict:
+    """What `load_reward_model` needs beside the parameters."""
+    family = "t5" if isinstance(module.lm, T5) else "decoder"
+    return {"model_config": dataclasses.asdict(module.lm.config), "family": family, "head": module.head,
+            "label_ids": list(module.label_ids), "likelihood": module.likelihood, "kind": kind,
+            "max_steps": max_steps}
+
+
+def load_reward_model(stage_dir: str, tokenizer: Tokenizer, task: Task, input_len: int, target_len: int,
+                      batch_size: int = 256) -> RewardScorer:
+    """The exported reward model of a finished stage (`<workdir>/orm`, `<workdir>/prm`) as a `RewardScorer` of
+    `task`'s solutions."""
+    export = os.path.join(stage_dir, "export")
+    if not os.path.isdir(export):
+        raise FileNotFoundError(f"{export} does not exist: train the reward model first "
+                                "(python launch/train.py --config=configs/rm_mwp.py --workdir=...)")
+    params, meta = ckpt_lib.load_params(export)
+    config = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["model_config"].items()}  # JSON lists
+    lm = T5(T5Config(**config)) if meta["family"] == "t5" else Decoder(DecoderConfig(**config))
+    module = RewardModel(lm, meta["head"], tuple(meta["label_ids"]), meta.get("likelihood", False))
+    return RewardScorer(module, params, tokenizer, input_len, target_len, meta["max_steps"], batch_size,
+                        task.split_steps)

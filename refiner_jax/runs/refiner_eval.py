@@ -1,0 +1,109 @@
+"""A trained REFINER run directory after training: its generator and critic, its re-evaluation into
+`results.md` (`launch/evaluate.py`) and an interactive session with a person as the critic (`launch/refine.py`).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Mapping, Sequence
+
+from jax.sharding import Mesh
+
+from refiner_jax import sharding as shd
+from refiner_jax import text_model
+from refiner_jax.refiner import critics, feedback_loop
+from refiner_jax.refiner.critic_tool import interactive_loop
+from refiner_jax.refiner.evaluation import evaluate_refinement, noise_study
+from refiner_jax.runs import results as results_lib
+from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Task
+
+
+def generator_stage_dir(workdir: str, stages: Sequence[str] = ("refiner", "warmup")) -> str:
+    """The first stage directory of `stages` that has an export (the REFINER generator, else the warm-up one)."""
+    for stage in stages:
+        path = os.path.join(workdir, stage)
+        if os.path.isdir(os.path.join(path, "export")):
+            return path
+    raise FileNotFoundError(f"no trained generator in {workdir}: expected {' or '.join(s + '/export' for s in stages)} "
+                            "(train with launch/train.py --workdir=...)")
+
+
+def load_run_models(run: text_model.RunInfo, task: Task, batch_size: int, with_critic: bool = True,
+                    mesh: Mesh | None = None) -> tuple[str, text_model.TextModel, critics.Critic | None]:
+    """(generator stage directory, generator, trained critic) of a run: the REFINER generator (else the warm-up
+    one) and the critic, None when it was not trained or `with_critic` is False. Prompts are padded to the run's
+    token budgets, so each model compiles its sampler once; with a `mesh`, they are split over its devices."""
+    generator_dir = generator_stage_dir(run.workdir)
+    tokenizer = run.tokenizer()
+    lengths = run.lengths
+    generator = text_model.load_text_model(generator_dir, tokenizer, lengths["refine_input"], lengths["target"],
+                                       lengths["refine_input"], batch_size, mesh=mesh)
+    critic = None
+    critic_dir = os.path.join(run.workdir, "critic")
+    if with_critic and os.path.isdir(os.path.join(critic_dir, "export")):
+        critic = critics.load_critic(run, task, batch_size, mesh=mesh)
+    return generator_dir, generator, critic
+
+
+def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples: int | None = None,
+                 turns: int | None = None, out_dir: str | None = None, mesh: Mesh | None = None) -> dict[str, Any]:
+    """Evaluates a trained run directory and writes `results.md`, `results.json`, `predictions.jsonl` and plots
+    to `out_dir` (default `<workdir>/eval`).
+
+    Generator: `<workdir>/refiner` (else `<workdir>/warmup`); critic: `<workdir>/critic` (rows left out when it
+    was not trained). Settings come from the run's config (`config_dict`, default `<workdir>/config.json`):
+    `eval.examples/turns/batch_size/noise_levels/bootstrap_samples`, `refiner.template`, `task.data_dir`. With a
+    `mesh`, the models sample over its devices (`text_model.TextModel`).
+    """
+    if config_dict is not None:
+        config = config_dict.to_dict() if hasattr(config_dict, "to_dict") else dict(config_dict)
+        run = text_model.RunInfo(workdir, config)
+    else:
+        run = text_model.RunInfo.load(workdir)
+    eval_cfg = dict(run.config.get("eval", {}))
+    turns = int(turns if turns is not None else eval_cfg.get("turns", 3))
+    if turns < 1:
+        raise ValueError(f"turns={turns}: refinement needs at least one critic/revision turn")
+    batch_size = int(eval_cfg.get("batch_size", 64))
+    samples = int(eval_cfg.get("bootstrap_samples", 1000))
+    epsilons = tuple(eval_cfg.get("noise_levels", (0.0, 0.25, 0.5, 0.75, 1.0)))
+    template = run.config.get("refiner", {}).get("template", DEFAULT_REFINE_TEMPLATE)
+    seed = int(run.config.get("seed", 0))
+    limit = max_examples if max_examples is not None else eval_cfg.get("examples")
+    if limit is not None and int(limit) < 1:
+        raise ValueError(f"examples={limit}: evaluate at least one test problem")
+
+    task = run.task()
+    data_dir = run.config.get("task", {}).get("data_dir") or None
+    examples = task.load("test", data_dir)
+    examples = examples[:int(limit)] if limit is not None else examples
+    generator_dir, generator, critic = load_run_models(run, task, batch_size, mesh=mesh)
+    if critic is None:
+        print(f"[eval] {os.path.join(workdir, 'critic')}/export not found: the trained-critic rows are left out")
+
+    z0 = generator.greedy([ex.x for ex in examples])
+    results = evaluate_refinement(task, generator, critic, None, examples, turns, template, samples, seed,
+                                  initial=z0)
+    results["noise"] = noise_study(task, generator, None, examples, epsilons, turns, template, samples, seed,
+                                   initial=z0)
+    results["generator_stage"] = os.path.basename(generator_dir)
+    results["workdir"] = os.path.abspath(workdir)
+    results["training"] = results_lib.training_summary(workdir)
+    if shd.is_main_process():  # every process of a multi-process run evaluates (on its own devices); one writes
+        results_lib.write_results(results, out_dir or os.path.join(workdir, "eval"), workdir=workdir)
+    return results
+
+
+def interactive_session(workdir: str, turns: int = 3, split: str = "test", use_critic: bool = True,
+                        ask: Callable[[str], str] = input,
+                        show: Callable[[str], None] = print) -> list[feedback_loop.Trajectory]:
+    """`interactive_loop` over a trained run: its generator (REFINER, else warm-up), its critic's suggestions (when
+    `use_critic` and the critic stage is trained) and the problems of `split`, one prompt at a time."""
+    run = text_model.RunInfo.load(workdir)
+    task = run.task()
+    _, generator, suggest = load_run_models(run, task, batch_size=1, with_critic=use_critic)
+    if use_critic and suggest is None:
+        show(f"{os.path.join(workdir, 'critic', 'export')} not found: no critic suggestions (train the critic "
+             "stage to get them)")
+    examples = task.load(split, run.config["task"].get("data_dir") or None)
+    template = run.config.get("refiner", {}).get("template", DEFAULT_REFINE_TEMPLATE)
+    return interactive_loop(task, generator, examples, suggest, turns, template, ask, show)
