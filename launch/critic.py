@@ -14,7 +14,7 @@ import os
 
 from absl import app, flags
 
-from refiner_jax import text_model
+from refiner_jax.runs import run_config
 from refiner_jax.refiner import critic_tool, critics
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Trained run directory holding critic/export.")
@@ -39,7 +39,8 @@ def main(argv):
     if not os.path.isdir(out_dir):
         raise SystemExit(f"error: --output {_OUTPUT.value}: the folder {out_dir} does not exist; create it first")
     try:
-        task = text_model.RunInfo.load(_WORKDIR.value).task()
+        run = run_config.load_run(_WORKDIR.value)
+        task = run.task()
         records = critic_tool.read_jsonl(_INPUT.value)  # fail on a bad record before loading the model
         critic_tool.records_to_examples(records, task, _INPUT.value)
         demos = critic_tool.read_demonstrations(_DEMOS.value) if _DEMOS.value else None
@@ -48,7 +49,7 @@ def main(argv):
     if _RENDER.value and demos is None and not critic_tool.prompt_format(task.name).demonstrations:
         print(f"note: task {task.name!r} has no built-in demonstrations; the prompts are zero-shot (give some "
               "with --demos=FILE.jsonl)")
-    critic = critics.load_critic(_WORKDIR.value, task, batch_size=_BATCH.value)
+    critic = critics.load_critic(run, task, batch_size=_BATCH.value)
     if _MAX_INPUT.value is not None:
         critic.model.max_input = _MAX_INPUT.value
     n = critic_tool.run_tool(critic, critic.task, _INPUT.value, _OUTPUT.value, render=_RENDER.value,

@@ -22,7 +22,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     out = refiner_eval.evaluate_run(_WORKDIR.value, max_examples=_EXAMPLES.value, turns=_TURNS.value,
-                                out_dir=_OUT_DIR.value)
+                                    out_dir=_OUT_DIR.value)
     results.print_results(out)
 
 

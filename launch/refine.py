@@ -5,7 +5,7 @@
 Pick a test problem (or type one; MWP problems write their numbers as number0, number1, ...), read the generator's
 hypothesis and the trained critic's suggested feedback, then type your own feedback, press Enter to use the
 suggestion, or type "ok" (or "No hint") to accept the hypothesis. The generator revises until you accept or
---turns revisions are done. The logic lives in `refiner_jax.refiner_eval.interactive_session`.
+--turns revisions are done. The logic lives in `refiner_jax.runs.refiner_eval.interactive_session`.
 """
 from absl import app, flags
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 from typing import Any, Sequence
 
@@ -20,7 +19,7 @@ from jax.sharding import Mesh
 
 from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax import sampling
-from refiner_jax.models.base import LanguageModel, config_from_dict
+from refiner_jax.models.language_model import LanguageModel, config_from_dict
 from refiner_jax.models.decoder import DecoderConfig
 from refiner_jax.models.t5_config import T5Config
 from refiner_jax.tasks.base import Task
@@ -29,7 +28,7 @@ from refiner_jax.tokenizers import Tokenizer, load_tokenizer
 
 @dataclasses.dataclass
 class TextModel:
-    """A language model of either family (`models.base.LanguageModel`) with its tokenizer as a batched text -> text
+    """A language model of either family (`models.language_model.LanguageModel`) with its tokenizer as a batched text -> text
     function.
 
     `max_input` / `max_output` are token budgets; prompts are padded to multiples of `bucket` tokens and to
@@ -127,19 +126,10 @@ def load_text_model(stage_dir: str, tokenizer: Tokenizer, max_input: int, max_ou
 
 @dataclasses.dataclass
 class RunInfo:
-    """What a run directory says about itself: its config (as saved by launch/train.py) and tokenizer."""
+    """What a run directory says about itself: its config (`runs.run_config.load`, defaults filled) and tokenizer."""
 
     workdir: str
-    config: dict
-
-    @classmethod
-    def load(cls, workdir: str) -> "RunInfo":
-        path = os.path.join(workdir, "config.json")
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{path} is missing: {workdir} is not a refiner_jax run directory "
-                                    "(train one with launch/train.py --workdir=...)")
-        with open(path, encoding="utf-8") as f:
-            return cls(workdir, json.load(f))
+    config: Any
 
     @property
     def lengths(self) -> dict:

@@ -1,8 +1,13 @@
-"""Helpers shared by test files: padded random prompts, and counting XLA compilations."""
+"""Helpers shared by test files: padded random prompts, counting XLA compilations, and a reference greedy decode
+loop of the decoder-only LM (what the library's sampler is checked against)."""
 import contextlib
+import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+
+from refiner_jax.models.decoder import Decoder, DecoderConfig, init_cache
 
 
 def padded_prompts(vocab: int, lengths, padding: str, seed: int = 0):
@@ -30,3 +35,37 @@ def compilations():
         yield events
     finally:
         jax.monitoring.unregister_event_duration_listener(on_event)
+
+
+def prefill(config: DecoderConfig, params: dict, tokens: jax.Array, mask: jax.Array,
+            cache: dict) -> tuple[jax.Array, dict]:
+    """`Decoder.prefill` for a params tree: (logits `[batch, vocab]` after each prompt, filled cache)."""
+    return Decoder(config).apply({"params": params}, tokens, mask, cache, method=Decoder.prefill)
+
+
+def decode_step(config: DecoderConfig, params: dict, token: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+    """`Decoder.decode_step` for a params tree: (logits `[batch, vocab]`, updated cache)."""
+    return Decoder(config).apply({"params": params}, token, cache, method=Decoder.decode_step)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def greedy_generate(config: DecoderConfig, params: dict, tokens: jax.Array, mask: jax.Array,
+                    max_new_tokens: int) -> jax.Array:
+    """Greedy continuations `[batch, max_new_tokens]` int32 of prompts `tokens` [batch, P] (`mask` as in `prefill`),
+    as transformers' `generate(do_sample=False)`: after a row's first EOS it continues with `pad_id` (the first
+    EOS id when the model has no pad token)."""
+    cache = init_cache(config, tokens.shape[0], tokens.shape[1] + max_new_tokens)
+    logits, cache = prefill(config, params, tokens, mask, cache)
+    eos = jnp.asarray(config.eos_ids or (-1,), jnp.int32)
+    pad = config.pad_id if config.pad_id is not None else (config.eos_ids or (0,))[0]
+
+    def step(carry, _):
+        logits, cache, done = carry
+        token = jnp.where(done, pad, jnp.argmax(logits, axis=-1)).astype(jnp.int32)  # [batch]
+        done = done | jnp.isin(token, eos)
+        logits, cache = decode_step(config, params, token, cache)
+        return (logits, cache, done), token
+
+    done = jnp.zeros((tokens.shape[0],), bool)
+    _, new = jax.lax.scan(step, (logits, cache, done), None, length=max_new_tokens)  # [max_new_tokens, batch]
+    return new.T

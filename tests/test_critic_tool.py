@@ -279,7 +279,7 @@ def test_interactive_session_loads_a_run_directory(tmp_path, monkeypatch):
     monkeypatch.setattr(text_model, "load_text_model", fake_load)
     shown = []
     [traj] = refiner_eval.interactive_session(str(tmp_path), turns=2, ask=_scripted(["2", "", "q"]),
-                                             show=shown.append)
+                                              show=shown.append)
     lengths = config.lengths
     assert loaded == [("refiner", lengths.refine_input, lengths.target, lengths.refine_input, 1),
                       ("critic", lengths.critic_input, lengths.feedback, lengths.critic_input, 1)]

@@ -79,7 +79,7 @@ def test_paired_auroc_ignores_how_hard_a_problem_looks():
     # Pairs: p (right 0.9; wrong 0.1, 0.95) -> 1 win of 2; q (right 0.5, 0.5; wrong 0.5) -> 2 ties = 1 of 2;
     # r has no wrong hypothesis and adds no pair: 2 / 4.
     assert stats.paired_auroc([0.9, 0.1, 0.95, 0.5, 0.5, 0.5, 0.3], [0, 1, 1, 0, 0, 1, 0],
-                                 ["p", "p", "p", "q", "q", "q", "r"]) == 0.5
+                              ["p", "p", "p", "q", "q", "q", "r"]) == 0.5
     assert np.isnan(stats.paired_auroc([1.0, 2.0], [True, False], ["x", "y"]))
 
 
@@ -160,7 +160,7 @@ def test_solver_critic_votes_its_reference_among_samples():
 
     # Greedy answer 5 (add), samples 6, 6, 6 and none: 6 wins 3 votes to 1 of 5, and its first formula is z_c.
     critic = critics.SolverCritic(Sampler({"question a": add}, {("question a", add): -0.1}), task, threshold=-0.5,
-                                 samples=4)
+                                  samples=4)
     hypotheses = [add, "#0: multiply ( number1, number0 )", "#0: subtract ( number1, number0 )"]
     # add: (1 - 3) / 5 = -0.4; the commuted product agrees with z_c: 0; subtract (answer 1, no votes): -3 / 5.
     np.testing.assert_allclose(critic.confidence([ex] * 3, hypotheses), [-0.4, 0.0, -0.6])

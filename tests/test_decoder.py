@@ -10,13 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers import decode_step, greedy_generate, prefill
 from _helpers import padded_prompts as _prompts
 from _tolerance import ELEMENTWISE, NETWORK, PARITY, assert_f32_close
 from flax.linen import meta
 
 from refiner_jax.models import hf_decoder
-from refiner_jax.models.decoder import (Decoder, DecoderConfig, decode_step, greedy_generate, init_cache, prefill,
-                                        preset, rope_frequencies)
+from refiner_jax.models.decoder import Decoder, DecoderConfig, init_cache, preset, rope_frequencies
 from refiner_jax.models.layers import param_count
 from refiner_jax.sharding import DEFAULT_RULES
 

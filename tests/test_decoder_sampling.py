@@ -10,13 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _devices import run_report
-from _helpers import compilations, padded_prompts
+from _helpers import compilations, decode_step, padded_prompts
 from _tolerance import NETWORK, PARITY, REORDER, assert_f32_close, check_close
 from flax.linen import meta
 
 from refiner_jax import sampling
 from refiner_jax.models import hf_decoder
-from refiner_jax.models.decoder import Decoder, decode_step, init_cache, preset
+from refiner_jax.models.decoder import Decoder, init_cache, preset
 from refiner_jax.models.decoder_sampling import pad_id, sample_decoder
 
 LENGTHS = (7, 2, 5, 4)  # real tokens of the 4 prompts, left-padded to 7

@@ -106,7 +106,7 @@ def test_bootstrap_matches_scipy_percentile_bootstrap():
     scipy_stats = pytest.importorskip("scipy.stats")
     values = np.random.default_rng(0).normal(3.0, 2.0, size=300)
     ref = scipy_stats.bootstrap((values,), np.mean, n_resamples=6000, method="percentile", confidence_level=0.95,
-                          random_state=np.random.default_rng(1))
+                                random_state=np.random.default_rng(1))
     mean, low, high = stats.bootstrap_ci(values, samples=6000, seed=2)
     width = ref.confidence_interval.high - ref.confidence_interval.low
     assert mean == pytest.approx(values.mean())
@@ -143,7 +143,7 @@ def test_bootstrap_rejects_bad_arguments_and_handles_empty():
 def toy_results():
     generator, critic = ToyGenerator(), ScriptedCritic()
     results = evaluation.evaluate_refinement(ToyTask(), generator, critic, None, EXAMPLES, turns=3,
-                                           bootstrap_samples=500)
+                                             bootstrap_samples=500)
     return results, generator, critic
 
 
@@ -234,7 +234,7 @@ def test_trajectories_are_returned(toy_results):
 
 def test_without_critic_only_generator_and_oracle_rows():
     results = evaluation.evaluate_refinement(ToyTask(), ToyGenerator(), None, None, EXAMPLES, turns=2,
-                                           bootstrap_samples=50)
+                                             bootstrap_samples=50)
     assert [r["label"] for r in results["rows"]] == ["Generator alone", "+ oracle critic (T=2)"]
     assert "critic_quality" not in results and list(results["flips"]) == ["oracle"]
 
@@ -243,7 +243,7 @@ def test_noise_study_hand_worked():
     # epsilon 1: every feedback is the oracle's on toy.perturb: No hint for even problems (q2 stays wrong),
     # "Use g{i}." for odd ones -> 3/4. epsilon 0: the oracle -> 4/4. In between: q2 is the only one at stake.
     noise = evaluation.noise_study(ToyTask(), ToyGenerator(), None, EXAMPLES, epsilons=(0.0, 0.5, 1.0), turns=3,
-                                 bootstrap_samples=200)
+                                   bootstrap_samples=200)
     assert noise["primary_metric"] == "em"
     by_eps = {r["epsilon"]: r for r in noise["rows"]}
     assert by_eps[0.0]["mean"] == 1.0 and (by_eps[0.0]["low"], by_eps[0.0]["high"]) == (1.0, 1.0)
@@ -253,7 +253,7 @@ def test_noise_study_hand_worked():
     # the half whose first feedback is the oracle's.
     at_stake = [Example(str(2 * i), EXAMPLES[2].x, EXAMPLES[2].z, EXAMPLES[2].y) for i in range(400)]
     half = evaluation.noise_study(ToyTask(), ToyGenerator(), None, at_stake, epsilons=(0.0, 0.5, 1.0), turns=3,
-                                bootstrap_samples=50)
+                                  bootstrap_samples=50)
     means = [r["mean"] for r in half["rows"]]
     assert means[0] == 1.0 and means[2] == 0.0
     assert 0.4 < means[1] < 0.6
@@ -278,7 +278,7 @@ def test_critic_quality_ignores_sentence_order_on_mwp():
     assert sum(v["n"] for k, v in quality["feedback_em"].items() if k == "no_error") > 0
     # A critic that always says No hint: EM only on the unchanged hypotheses; it never flags an error.
     silent = evaluation.critic_quality(task, critics.CallableCritic(lambda e, h: ["No hint"] * len(e)), examples,
-                                     bootstrap_samples=50)
+                                       bootstrap_samples=50)
     assert silent["feedback_em"]["no_error"]["mean"] == 1.0
     assert silent["feedback_em"]["operator"]["mean"] == 0.0
     assert silent["has_error"]["recall"] == 0.0 and np.isnan(silent["has_error"]["precision"])

@@ -1,4 +1,4 @@
-"""`models.base.LanguageModel`, the seam that lets every stage train and sample either model family: the
+"""`models.language_model.LanguageModel`, the seam that lets every stage train and sample either model family: the
 decoder-only LM's pair batches score the target only (checked against the sampler's own KV-cache log-probs and by
 hand), `TextModel` generates and scores with it, and a REFINER run trains end to end with
 `--config.model.family=decoder`."""
@@ -11,7 +11,7 @@ import pytest
 from flax.linen import meta
 from _tolerance import NETWORK, REORDER, assert_f32_close, check_close
 
-from refiner_jax.models.base import LanguageModel, config_from_dict
+from refiner_jax.models.language_model import LanguageModel, config_from_dict
 from refiner_jax.models.decoder import preset as decoder_preset
 from refiner_jax.models.t5_config import preset as t5_preset
 from refiner_jax.text_model import TextModel, load_text_model

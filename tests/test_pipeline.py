@@ -14,7 +14,7 @@ from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax.tasks import get_task
 from refiner_jax.tasks.base import Example, feedback_matches
 from refiner_jax.refiner import stage_data
-from refiner_jax.runs import refiner_run
+from refiner_jax.runs import refiner_run, run_setup
 from refiner_jax.runs import run_config as config_lib
 
 
@@ -118,7 +118,7 @@ def test_a_relative_data_dir_is_recorded_absolute(tmp_path, monkeypatch):
     old = json.loads(c.to_json())
     old["task"]["data_dir"] = "svamp_csvs"
     (tmp_path / "run" / "config.json").write_text(json.dumps(old))
-    assert refiner_run._check_workdir_config(str(tmp_path / "run"), c) is True
+    assert run_setup._check_workdir_config(str(tmp_path / "run"), c) is True
 
 
 def test_refiner_turns_follow_the_oracle(monkeypatch):
@@ -190,7 +190,7 @@ def test_balanced_critic_pairs_give_each_problem_a_right_and_a_wrong_hypothesis(
     ex = Example("p0", "Tom has number0 apples and buys number1 more . How many apples ?",
                  "#0: add ( number0, number1 )", "7", {"numbers": [3.0, 4.0]})
     pairs = stage_data.critic_pairs(task, [ex] * 4, 0, FakeGenerator(), generator_fraction=1.0,
-                                     balanced=True)(None, np.arange(4), step=0)
+                                    balanced=True)(None, np.arange(4), step=0)
     assert [f == "No hint" for _, f in pairs] == [True, False, False, True]
     assert pairs[0][0].endswith("#0: add ( number1, number0 )")
     assert pairs[2][0].endswith("#0: subtract ( number0, number1 )")
@@ -279,7 +279,6 @@ def test_all_stages_run_skip_and_resume(tmp_path, capsys):
 
 
 def test_solve_mode_critic_trains_on_fresh_problems_and_is_calibrated(tmp_path):
-    from refiner_jax import text_model
     from refiner_jax.refiner import critics
 
     c = tiny_config()
@@ -290,11 +289,11 @@ def test_solve_mode_critic_trains_on_fresh_problems_and_is_calibrated(tmp_path):
     calibration = json.load(open(os.path.join(workdir, "critic", critics.CALIBRATION_FILE)))
     assert calibration["generator"] == "warmup" and calibration["n"] == 12
     assert calibration["after"] >= calibration["before"]  # "never intervene" is one of the candidate thresholds
-    critic = critics.load_critic(workdir)
+    critic = critics.load_critic(config_lib.load_run(workdir))
     assert isinstance(critic, critics.SolverCritic) and critic.threshold == calibration["threshold"]
     assert critic.model.max_input == c.lengths.input and critic.model.max_output == c.lengths.target
     # The critic learned x -> z* on train plus the fresh problems: one epoch is (256 + 64) / 8 = 40 steps.
-    task = text_model.RunInfo.load(workdir).task()
+    task = config_lib.load_run(workdir).task()
     assert len(task.fresh_problems(64)) == 64
     feedback = critic.feedback(task.load("val")[:4], ["#0: add ( number0, number1 )"] * 4)
     assert len(feedback) == 4 and all(isinstance(f, str) and f for f in feedback)

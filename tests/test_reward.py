@@ -20,7 +20,7 @@ import optax  # noqa: E402
 from _tolerance import NETWORK, REORDER, assert_f32_close, check_close, tolerance  # noqa: E402
 from refiner_jax.reward import batches as reward_batches, labels as reward_labels, scorer as reward_scorer  # noqa: E402
 from refiner_jax.models import decoder as decoder_lib  # noqa: E402
-from refiner_jax.models.reward_model import RewardModel  # noqa: E402
+from refiner_jax.models.reward_model import RewardModel, reference_lm, step_log_odds  # noqa: E402
 from refiner_jax.models.t5 import T5, shift_right  # noqa: E402
 from refiner_jax.models.t5_config import preset  # noqa: E402
 from refiner_jax.tasks import mwp  # noqa: E402
@@ -140,14 +140,14 @@ def test_one_forward_pass_equals_scoring_each_prefix_separately(family, head, li
 
     full = batch_of(solutions)
     params = _init(model, family, full)
-    scores = np.asarray(reward_scorer.step_log_odds(model, params, full))  # [2, 4]
+    scores = np.asarray(step_log_odds(model, params, full))  # [2, 4]
     # Reading one token off would change a score by far more than the float32 rounding allowed below.
     assert np.abs(np.diff(scores[:, :3], axis=1)).min() > 1e-2
     for row, sol in enumerate(solutions):
         ends = reward_batches.step_ends(sol.text, sol.steps)
         for i, end in enumerate(ends):
             prefix = reward_labels.LabelledSolution(sol.prompt, sol.text[:end], sol.steps[:i + 1], sol.labels[:i + 1])
-            alone = np.asarray(reward_scorer.step_log_odds(model, params, batch_of([prefix])))[0, i]
+            alone = np.asarray(step_log_odds(model, params, batch_of([prefix])))[0, i]
             assert_f32_close(scores[row, i], alone, ulps=NETWORK, scale=np.abs(scores).max(),
                              what=f"{family} one-pass step score vs the prefix alone")
 
@@ -165,7 +165,7 @@ def test_likelihood_term_is_the_lms_log_probability_of_the_solution_so_far(famil
     batch = _batch_of(family, tok, [solution])
     params = dict(_init(with_term, family, batch))
     params["likelihood_scale"] = jnp.asarray(0.7, jnp.float32)
-    gain = np.asarray(reward_scorer.step_log_odds(with_term, params, batch) - reward_scorer.step_log_odds(without, params, batch))
+    gain = np.asarray(step_log_odds(with_term, params, batch) - step_log_odds(without, params, batch))
     prompt = tok.encode(solution.prompt)
     ids, last = reward_batches.encode_solution(tok, solution.text, solution.steps)
     if family == "t5":
@@ -193,7 +193,7 @@ def test_decoder_reference_rows_for_the_joint_lm_loss():
     solution = reward_labels.labelled("orm", task, example(), WRONG_STEP_1)
     batch = _batch_of("decoder", tok, [solution, reward_labels.LabelledSolution("q", "#0: x", ("#0: x",), (True,))])
     params = _init(model, "decoder", batch)
-    logits, targets, weights = reward_scorer.reference_lm(model, params, batch)
+    logits, targets, weights = reference_lm(model, params, batch)
     from refiner_jax.training.steps import masked_cross_entropy
     ce, count = masked_cross_entropy(logits, targets, weights)
     row = tok.encode(solution.prompt) + tok.encode(G3)
@@ -291,7 +291,7 @@ def _multi_device_report() -> dict:
                             reward_labels.label_ids(tok, ("+", "-")), likelihood)
         args = (jnp.zeros((1, 4), jnp.int32), jnp.ones((1, 16), jnp.int32), jnp.ones((1, 112), jnp.int32))
         init = lambda k: model.init(k, *args)["params"]  # noqa: E731
-        loss = reward_loss(lambda p, b, r: reward_scorer.step_log_odds(model, p, b, r), pairwise_weight=pairwise)
+        loss = reward_loss(lambda p, b, r: step_log_odds(model, p, b, r), pairwise_weight=pairwise)
         tx = optax.sgd(1e-2 if likelihood else 1.0)  # the likelihood term's gradient sums over every token
 
         def two_steps(mesh, rows):

@@ -8,12 +8,12 @@ One `Decoder` covers both families through `DecoderConfig`:
 Both are pre-norm with a final norm and scale attention logits by head_dim**-0.5. Norm statistics, softmax and
 logits are float32.
 
-Entry points (pure `model.apply` methods; the module-level functions wrap them for a params tree):
+Entry points (pure `model.apply` methods):
   `__call__`       teacher-forced next-token logits `[batch, len, vocab]`;
   `hidden_states`  the final-norm hidden states `[batch, len, d_model]` (for reward or value heads);
   `prefill`        one pass over a batch of prompts into an explicit KV cache pytree (`init_cache`);
-  `decode_step`    one token per row against the cache; `greedy_generate` loops it in one jitted scan, and
-                   `models.decoder_sampling.sample_decoder` in the library's sampler (all decoding modes).
+  `decode_step`    one token per row against the cache; `models.decoder_sampling.sample_decoder` loops it in
+                   the library's sampler (all decoding modes).
 
 Padding: a mask marks the real tokens; positions count real tokens only (each row's first real token is at 0), as
 transformers' `generate` numbers left-padded prompts. `prefill` takes left- or right-padded prompts: left padding
@@ -454,35 +454,3 @@ def init_cache(config: DecoderConfig, batch: int, max_len: int) -> dict:
     return {"layers": tuple({"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt)} for _ in range(config.num_layers)),
             "valid": jnp.zeros((batch, max_len), bool), "index": jnp.zeros((), jnp.int32),
             "position": jnp.zeros((batch,), jnp.int32)}
-
-
-def prefill(config: DecoderConfig, params: dict, tokens: Array, mask: Array, cache: dict) -> tuple[Array, dict]:
-    """`Decoder.prefill` for a params tree: (logits `[batch, vocab]` after each prompt, filled cache)."""
-    return Decoder(config).apply({"params": params}, tokens, mask, cache, method=Decoder.prefill)
-
-
-def decode_step(config: DecoderConfig, params: dict, token: Array, cache: dict) -> tuple[Array, dict]:
-    """`Decoder.decode_step` for a params tree: (logits `[batch, vocab]`, updated cache)."""
-    return Decoder(config).apply({"params": params}, token, cache, method=Decoder.decode_step)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 4))
-def greedy_generate(config: DecoderConfig, params: dict, tokens: Array, mask: Array, max_new_tokens: int) -> Array:
-    """Greedy continuations `[batch, max_new_tokens]` int32 of prompts `tokens` [batch, P] (`mask` as in `prefill`),
-    as transformers' `generate(do_sample=False)`: after a row's first EOS it continues with `pad_id` (the first
-    EOS id when the model has no pad token)."""
-    cache = init_cache(config, tokens.shape[0], tokens.shape[1] + max_new_tokens)
-    logits, cache = prefill(config, params, tokens, mask, cache)
-    eos = jnp.asarray(config.eos_ids or (-1,), jnp.int32)
-    pad = config.pad_id if config.pad_id is not None else (config.eos_ids or (0,))[0]
-
-    def step(carry, _):
-        logits, cache, done = carry
-        token = jnp.where(done, pad, jnp.argmax(logits, axis=-1)).astype(jnp.int32)  # [batch]
-        done = done | jnp.isin(token, eos)
-        logits, cache = decode_step(config, params, token, cache)
-        return (logits, cache, done), token
-
-    done = jnp.zeros((tokens.shape[0],), bool)
-    _, new = jax.lax.scan(step, (logits, cache, done), None, length=max_new_tokens)  # [max_new_tokens, batch]
-    return new.T

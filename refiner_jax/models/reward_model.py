@@ -1,4 +1,4 @@
-"""A reward model: a language model read at the end of each reasoning step (reference spec §6.2).
+"""A reward model: a language model read at the end of each reasoning step (Uesato et al.).
 
 `RewardModel` wraps a T5 or a decoder-only LM (`lm`, its parameters under `params['lm']`, so a policy's
 parameters initialise it as they are) and returns, for every step end of a solution, the log-odds that the solution
@@ -16,15 +16,19 @@ log-likelihood of the solution so far, from the same forward pass: a reward mode
 starts from the policy's log-probability of the solution, a score no hidden state holds (a transformer does not see
 how surprised it was by the tokens it read), and training moves both terms.
 
-Outcome and process reward models are the same module; they differ only in their labels.
+Outcome and process reward models are the same module; they differ only in their labels. `step_log_odds` and
+`reference_lm` apply it to a batch of either family (`LanguageModel.step_batch`).
 """
 from __future__ import annotations
+
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from refiner_jax.models.t5 import T5
+from refiner_jax.models.t5 import T5, shift_right
+from refiner_jax.tokenizers import PAD_ID
 
 HEADS = ("token", "scalar")
 
@@ -83,3 +87,31 @@ class RewardModel(nn.Module):
         scale = self.param("likelihood_scale", nn.with_logical_partitioning(nn.initializers.ones, ()), (),
                            jnp.float32)
         return out + scale * jnp.take_along_axis(so_far, read[..., 0], axis=1)
+
+
+def reference_lm(module: RewardModel, params: Any, batch: dict, rng: jax.Array | None = None
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The trunk's teacher-forced (logits [b, len, vocab], targets [b, len], weights [b, len]) of the reference
+    solutions `batch['references']` given the prompts, for the joint language-modelling loss."""
+    rngs = None if rng is None else {"dropout": rng}
+    train = rng is not None
+    references = batch["references"]
+    if isinstance(module.lm, T5):
+        logits = module.apply({"params": params}, batch["inputs"], shift_right(references), train=train, rngs=rngs,
+                              method=RewardModel.lm_logits)
+        return logits, references, references != PAD_ID
+    weights = batch["reference_weights"]
+    logits = module.apply({"params": params}, references, batch["reference_mask"], train=train, rngs=rngs,
+                          method=RewardModel.lm_logits)
+    return logits[:, :-1], references[:, 1:], weights[:, 1:]
+
+
+def step_log_odds(module: RewardModel, params: Any, batch: dict, rng: jax.Array | None = None) -> jax.Array:
+    """The reward model's log-odds [b, max_steps] on a `LanguageModel.step_batch` (dropout with `rng`)."""
+    rngs = None if rng is None else {"dropout": rng}
+    extra = {"solution_mask": batch["solution_mask"]} if module.likelihood else {}
+    if isinstance(module.lm, T5):
+        return module.apply({"params": params}, batch["positions"], batch["inputs"], shift_right(batch["targets"]),
+                            train=rng is not None, rngs=rngs, **extra)
+    return module.apply({"params": params}, batch["positions"], batch["tokens"], batch["mask"],
+                        train=rng is not None, rngs=rngs, **extra)

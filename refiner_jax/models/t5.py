@@ -315,7 +315,7 @@ class T5(nn.Module):
             "token_embedder", nn.with_logical_partitioning(_normal(cfg.initializer_factor), ("vocab", "embed")),
             (cfg.vocab_size, cfg.d_model), cfg.weight_dtype)
         self.encoder = Encoder(cfg)
-        self.decoder = Decoder(cfg)
+        self.decoder = T5Decoder(cfg)
 
     def _embed(self, tokens: Array) -> Array:
         x = jnp.take(self.token_embedder, tokens, axis=0).astype(self.config.compute_dtype)
@@ -437,7 +437,9 @@ class Encoder(nn.Module):
         return self.dropout(self.encoder_norm(x), deterministic=deterministic)
 
 
-class Decoder(nn.Module):
+class T5Decoder(nn.Module):
+    """T5's decoder stack (self-attention, cross-attention to the encoder, MLP per layer)."""
+
     config: T5Config
 
     def setup(self):

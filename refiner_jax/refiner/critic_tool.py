@@ -255,7 +255,8 @@ class _Unscored:
 
 def interactive_refine(task: Task, generator, example: Example, suggest: critics.Critic | None = None,
                        turns: int = 3, template: str = DEFAULT_REFINE_TEMPLATE,
-                       ask: Callable[[str], str] = input, show: Callable[[str], None] = print) -> feedback_loop.Trajectory:
+                       ask: Callable[[str], str] = input,
+                       show: Callable[[str], None] = print) -> feedback_loop.Trajectory:
     """Refines one problem with a person as the critic (`critics.HumanCritic`); stops when the person answers
     "ok" or "No hint" (or accepts a "No hint" suggestion) or after `turns` revisions. Scores each turn when the
     example has a gold hypothesis."""
@@ -266,7 +267,8 @@ def interactive_refine(task: Task, generator, example: Example, suggest: critics
 
     human = critics.HumanCritic(suggest=suggest, ask=ask_feedback, show=show)
     scored = bool(example.z)
-    [trajectory] = feedback_loop.refine(generator, human, task if scored else _Unscored(task), [example], turns, template)
+    [trajectory] = feedback_loop.refine(generator, human, task if scored else _Unscored(task), [example], turns,
+                                        template)
     stopped = len(trajectory.feedback) > len(trajectory.hypotheses) - 1
     show(f"\nFinal hypothesis ({len(trajectory.hypotheses) - 1} revision(s)"
          f"{', accepted' if stopped else ', turn limit reached'}): {trajectory.hypotheses[-1]}")

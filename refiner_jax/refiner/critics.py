@@ -35,7 +35,7 @@ class Critic(Protocol):
 class ModelCritic:
     """A trained critic: greedy feedback from (problem + hypothesis).
 
-        critic = ModelCritic.load(workdir)
+        critic = load_critic(run_config.load_run(workdir))  # a ModelCritic when config.critic.mode is "feedback"
         critic.feedback(["Tom has 3 apples ...", ...], ["#0: 3 + 5", ...])   # -> ["The operator in #0 ...", ...]
 
     Problems are `Example`s or plain question strings (for tasks whose critic reads only the question; Moral
@@ -184,15 +184,14 @@ class SolverCritic:
         return self.judge(examples, hypotheses)[1]
 
 
-def load_critic(run: RunInfo | str, task: Task | None = None, batch_size: int = 64, mesh: Mesh | None = None
+def load_critic(run: RunInfo, task: Task | None = None, batch_size: int = 64, mesh: Mesh | None = None
                 ) -> "ModelCritic | SolverCritic":
-    """The trained critic of a run (directory or `RunInfo`), as its `config.critic.mode` says ("feedback":
+    """The trained critic of a run (`runs.run_config.load_run(workdir)`), as its `config.critic.mode` says ("feedback":
     `ModelCritic`, the paper's; "solve": `SolverCritic`), with its calibrated "No hint" threshold
     (`critic/calibration.json`) when the run made one. Task, tokenizer and token budgets come from the config."""
-    run = run if isinstance(run, RunInfo) else RunInfo.load(run)
     task = task or run.task()
     critic_dir = os.path.join(run.workdir, "critic")
-    mode = run.config.get("critic", {}).get("mode", "feedback")
+    mode = run.config.critic.mode
     if mode not in CRITIC_MODES:
         raise ValueError(f"{run.workdir}: config critic.mode {mode!r} is not one of {CRITIC_MODES}")
     lengths = run.lengths
@@ -202,7 +201,7 @@ def load_critic(run: RunInfo | str, task: Task | None = None, batch_size: int = 
                                        mesh=mesh)
     threshold = read_calibration(critic_dir)
     if mode == "solve":
-        samples = int(run.config.get("critic", {}).get("samples", 0))
+        samples = int(run.config.critic.samples)
         return SolverCritic(model, task, 0.0 if threshold is None else threshold, samples)
     return ModelCritic(model, task, threshold=threshold)
 

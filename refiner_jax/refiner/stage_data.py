@@ -56,7 +56,7 @@ def critic_pairs(task: Task, examples: Sequence[Example], seed: int, generator: 
         if sampled:
             key = jax.random.fold_in(jax.random.key(seed + 1), step)
             hypotheses = [h[0] for h in generator.generate([ex.x for ex in problems[:sampled]], top_p=top_p,
-                                                             temperature=temperature, rng=key)]
+                                                           temperature=temperature, rng=key)]
         pairs = []
         for k, ex in enumerate(problems):
             if k < sampled:

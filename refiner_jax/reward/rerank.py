@@ -1,4 +1,4 @@
-"""Choosing one of K sampled solutions per problem, and reporting how good the choice is (reference spec §6.3-6.6).
+"""Choosing one of K sampled solutions per problem, and reporting how good the choice is.
 
 Model-agnostic: answers are any hashable values (None for a sample without a final answer) and scores are arrays a
 reward model computed elsewhere, so this module needs only numpy (and matplotlib for the plot). Every rule returns

@@ -12,43 +12,14 @@ import jax
 import numpy as np
 
 from refiner_jax import checkpoint as ckpt_lib
-from refiner_jax.models.decoder import Decoder, DecoderConfig
-from refiner_jax.models.reward_model import RewardModel
-from refiner_jax.models.t5 import T5, shift_right
-from refiner_jax.models.t5_config import T5Config
+from refiner_jax.models.language_model import LanguageModel, config_from_dict, family_of
+from refiner_jax.models.reward_model import RewardModel, step_log_odds
 from refiner_jax.reward import rerank
-from refiner_jax.reward.batches import decoder_batch, t5_batch
+from refiner_jax.reward.batches import reward_batch
 from refiner_jax.reward.labels import LabelledSolution
 from refiner_jax.tasks.base import Task
-from refiner_jax.tokenizers import PAD_ID, Tokenizer
+from refiner_jax.tokenizers import Tokenizer
 
-
-def reference_lm(module: RewardModel, params: Any, batch: dict, rng: jax.Array | None = None
-                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The trunk's teacher-forced (logits [b, len, vocab], targets [b, len], weights [b, len]) of the reference
-    solutions `batch['references']` given the prompts, for the joint language-modelling loss."""
-    rngs = None if rng is None else {"dropout": rng}
-    train = rng is not None
-    references = batch["references"]
-    if isinstance(module.lm, T5):
-        logits = module.apply({"params": params}, batch["inputs"], shift_right(references), train=train, rngs=rngs,
-                              method=RewardModel.lm_logits)
-        return logits, references, references != PAD_ID
-    weights = batch["reference_weights"]
-    logits = module.apply({"params": params}, references, batch["reference_mask"], train=train, rngs=rngs,
-                          method=RewardModel.lm_logits)
-    return logits[:, :-1], references[:, 1:], weights[:, 1:]
-
-
-def step_log_odds(module: RewardModel, params: Any, batch: dict, rng: jax.Array | None = None) -> jax.Array:
-    """The reward model's log-odds [b, max_steps] on a `t5_batch` or `decoder_batch` (dropout with `rng`)."""
-    rngs = None if rng is None else {"dropout": rng}
-    extra = {"solution_mask": batch["solution_mask"]} if module.likelihood else {}
-    if isinstance(module.lm, T5):
-        return module.apply({"params": params}, batch["positions"], batch["inputs"], shift_right(batch["targets"]),
-                            train=rng is not None, rngs=rngs, **extra)
-    return module.apply({"params": params}, batch["positions"], batch["tokens"], batch["mask"],
-                        train=rng is not None, rngs=rngs, **extra)
 
 def _one_step(text: str) -> list[str]:
     return [text] if text else []
@@ -79,20 +50,14 @@ class RewardScorer:
             chunk = [LabelledSolution(p, t, tuple(self.split_steps(t)), ())
                      for p, t in zip(prompts[start:start + self.batch_size], texts[start:start + self.batch_size])]
             pad = [LabelledSolution("", "", (), ())] * (self.batch_size - len(chunk))
-            if self._is_t5:
-                batch = t5_batch(self.tokenizer, chunk + pad, self.input_len, self.target_len, self.max_steps)
-            else:
-                batch = decoder_batch(self.tokenizer, chunk + pad, self.input_len + self.target_len, self.max_steps)
+            batch = reward_batch(LanguageModel(self.module.lm.config), self.tokenizer, chunk + pad, self.input_len,
+                                 self.target_len, self.max_steps)
             feed = {k: batch[k] for k in ("inputs", "targets", "tokens", "mask", "positions", "solution_mask")
                     if k in batch}
             probs = np.asarray(jax.nn.sigmoid(self._fn(self.params, feed)))  # [batch, max_steps]
             for i in range(len(chunk)):
                 out.append(probs[i, batch["label_mask"][i] > 0])
         return out
-
-    @property
-    def _is_t5(self) -> bool:
-        return isinstance(self.module.lm, T5)
 
     def solution_scores(self, prompts: Sequence[str], texts: Sequence[str], reduction: str = "last") -> np.ndarray:
         """One score per solution (`rerank.solution_scores`); 0 for a solution with no scored step."""
@@ -106,9 +71,8 @@ class RewardScorer:
 
 def export_metadata(module: RewardModel, kind: str, max_steps: int) -> dict:
     """What `load_reward_model` needs beside the parameters."""
-    family = "t5" if isinstance(module.lm, T5) else "decoder"
-    return {"model_config": dataclasses.asdict(module.lm.config), "family": family, "head": module.head,
-            "label_ids": list(module.label_ids), "likelihood": module.likelihood, "kind": kind,
+    return {"model_config": dataclasses.asdict(module.lm.config), "family": family_of(module.lm.config),
+            "head": module.head, "label_ids": list(module.label_ids), "likelihood": module.likelihood, "kind": kind,
             "max_steps": max_steps}
 
 
@@ -121,8 +85,7 @@ def load_reward_model(stage_dir: str, tokenizer: Tokenizer, task: Task, input_le
         raise FileNotFoundError(f"{export} does not exist: train the reward model first "
                                 "(python launch/train.py --config=configs/rm_mwp.py --workdir=...)")
     params, meta = ckpt_lib.load_params(export)
-    config = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["model_config"].items()}  # JSON lists
-    lm = T5(T5Config(**config)) if meta["family"] == "t5" else Decoder(DecoderConfig(**config))
+    lm = LanguageModel(config_from_dict(meta["family"], meta["model_config"])).module()
     module = RewardModel(lm, meta["head"], tuple(meta["label_ids"]), meta.get("likelihood", False))
     return RewardScorer(module, params, tokenizer, input_len, target_len, meta["max_steps"], batch_size,
                         task.split_steps)

@@ -14,7 +14,8 @@ from refiner_jax.refiner import critics, feedback_loop
 from refiner_jax.refiner.critic_tool import interactive_loop
 from refiner_jax.refiner.evaluation import evaluate_refinement, noise_study
 from refiner_jax.runs import results as results_lib
-from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Task
+from refiner_jax.runs import run_config
+from refiner_jax.tasks.base import Task
 
 
 def generator_stage_dir(workdir: str, stages: Sequence[str] = ("refiner", "warmup")) -> str:
@@ -36,7 +37,7 @@ def load_run_models(run: text_model.RunInfo, task: Task, batch_size: int, with_c
     tokenizer = run.tokenizer()
     lengths = run.lengths
     generator = text_model.load_text_model(generator_dir, tokenizer, lengths["refine_input"], lengths["target"],
-                                       lengths["refine_input"], batch_size, mesh=mesh)
+                                           lengths["refine_input"], batch_size, mesh=mesh)
     critic = None
     critic_dir = os.path.join(run.workdir, "critic")
     if with_critic and os.path.isdir(os.path.join(critic_dir, "export")):
@@ -50,30 +51,28 @@ def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples:
     to `out_dir` (default `<workdir>/eval`).
 
     Generator: `<workdir>/refiner` (else `<workdir>/warmup`); critic: `<workdir>/critic` (rows left out when it
-    was not trained). Settings come from the run's config (`config_dict`, default `<workdir>/config.json`):
-    `eval.examples/turns/batch_size/noise_levels/bootstrap_samples`, `refiner.template`, `task.data_dir`. With a
+    was not trained). Settings come from the run's config (`config_dict`, default `<workdir>/config.json`, missing
+    fields at their defaults): `eval.examples/turns/batch_size/noise_levels/bootstrap_samples`, `refiner.template`,
+    `task.data_dir`. With a
     `mesh`, the models sample over its devices (`text_model.TextModel`).
     """
-    if config_dict is not None:
-        config = config_dict.to_dict() if hasattr(config_dict, "to_dict") else dict(config_dict)
-        run = text_model.RunInfo(workdir, config)
-    else:
-        run = text_model.RunInfo.load(workdir)
-    eval_cfg = dict(run.config.get("eval", {}))
-    turns = int(turns if turns is not None else eval_cfg.get("turns", 3))
+    config = run_config.load(workdir) if config_dict is None else run_config.with_defaults(config_dict)
+    run = text_model.RunInfo(workdir, config)
+    eval_cfg = config.eval
+    turns = int(turns if turns is not None else eval_cfg.turns)
     if turns < 1:
         raise ValueError(f"turns={turns}: refinement needs at least one critic/revision turn")
-    batch_size = int(eval_cfg.get("batch_size", 64))
-    samples = int(eval_cfg.get("bootstrap_samples", 1000))
-    epsilons = tuple(eval_cfg.get("noise_levels", (0.0, 0.25, 0.5, 0.75, 1.0)))
-    template = run.config.get("refiner", {}).get("template", DEFAULT_REFINE_TEMPLATE)
-    seed = int(run.config.get("seed", 0))
-    limit = max_examples if max_examples is not None else eval_cfg.get("examples")
+    batch_size = int(eval_cfg.batch_size)
+    samples = int(eval_cfg.bootstrap_samples)
+    epsilons = tuple(eval_cfg.noise_levels)
+    template = config.refiner.template
+    seed = int(config.seed)
+    limit = max_examples if max_examples is not None else eval_cfg.examples
     if limit is not None and int(limit) < 1:
         raise ValueError(f"examples={limit}: evaluate at least one test problem")
 
     task = run.task()
-    data_dir = run.config.get("task", {}).get("data_dir") or None
+    data_dir = config.task.data_dir or None
     examples = task.load("test", data_dir)
     examples = examples[:int(limit)] if limit is not None else examples
     generator_dir, generator, critic = load_run_models(run, task, batch_size, mesh=mesh)
@@ -98,12 +97,11 @@ def interactive_session(workdir: str, turns: int = 3, split: str = "test", use_c
                         show: Callable[[str], None] = print) -> list[feedback_loop.Trajectory]:
     """`interactive_loop` over a trained run: its generator (REFINER, else warm-up), its critic's suggestions (when
     `use_critic` and the critic stage is trained) and the problems of `split`, one prompt at a time."""
-    run = text_model.RunInfo.load(workdir)
+    run = run_config.load_run(workdir)
     task = run.task()
     _, generator, suggest = load_run_models(run, task, batch_size=1, with_critic=use_critic)
     if use_critic and suggest is None:
         show(f"{os.path.join(workdir, 'critic', 'export')} not found: no critic suggestions (train the critic "
              "stage to get them)")
-    examples = task.load(split, run.config["task"].get("data_dir") or None)
-    template = run.config.get("refiner", {}).get("template", DEFAULT_REFINE_TEMPLATE)
-    return interactive_loop(task, generator, examples, suggest, turns, template, ask, show)
+    examples = task.load(split, run.config.task.data_dir or None)
+    return interactive_loop(task, generator, examples, suggest, turns, run.config.refiner.template, ask, show)

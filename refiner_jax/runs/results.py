@@ -232,7 +232,7 @@ def write_results(results: Mapping[str, Any], out_dir: str, workdir: str | None 
 
 
 def markdown_table(table: RulesTable) -> str:
-    """A reward run's `rerank.RulesTable` in Markdown, errors in % as `value [low, high]` (the format of `results.md`)."""
+    """A reward run's `rerank.RulesTable` in Markdown, errors in % as `value [low, high]` (its `results.md`)."""
     header = ["Rule", "Final-answer error (%)", "Trace error (%)", f"Error at {100 * table.rate:g}% abstention (%)"]
     if table.deltas:
         header.append(f"Δ final-answer error vs {table.baseline}, paired")

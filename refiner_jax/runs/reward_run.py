@@ -1,4 +1,4 @@
-"""A whole outcome- vs process-feedback run (Uesato et al.; reference spec §6), in order and resumable:
+"""A whole outcome- vs process-feedback run (Uesato et al.), in order and resumable:
 
     sft    the policy, x -> z on the training problems (the `warmup` config section)
     orm    an outcome reward model trained on the SFT policy's labelled samples, initialised from the policy
@@ -27,13 +27,13 @@ import numpy as np
 from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax.reward import batches as reward_batches, labels as reward_labels, rerank, scorer as reward_scorer
 from refiner_jax import sharding as shd
-from refiner_jax.models.reward_model import RewardModel
-from refiner_jax.models.base import LanguageModel
+from refiner_jax.models.reward_model import RewardModel, reference_lm, step_log_odds
+from refiner_jax.models.language_model import LanguageModel
 from refiner_jax.text_model import TextModel
 from refiner_jax.tasks.base import Example, Task
 from refiner_jax.tasks.prm800k import read_prm800k
 from refiner_jax.refiner import stage_data
-from refiner_jax.runs import refiner_run
+from refiner_jax.runs import run_setup
 from refiner_jax.runs import results as results_lib
 from refiner_jax.runs import run_config as config_lib
 from refiner_jax.stats import error_auroc, paired_auroc
@@ -56,7 +56,7 @@ class Run:
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str, stages: Sequence[str]):
         self.config, self.workdir, self.stages = config, workdir, tuple(stages)
-        self.s = refiner_run.setup(config, workdir, self.stages, STAGES, _SECTIONS)
+        self.s = run_setup.setup(config, workdir, self.stages, STAGES, _SECTIONS)
         self.task: Task = self.s.task
         self.lengths = config.lengths
         train, val, test = (self.s.splits[k] for k in ("train", "val", "test"))
@@ -127,9 +127,10 @@ class Run:
     def scorer(self, params: Any, kind: str | None = None) -> reward_scorer.RewardScorer:
         if kind is not None:
             return reward_scorer.load_reward_model(os.path.join(self.workdir, kind), self.s.tokenizer, self.task,
-                                        self.lengths.input, self.lengths.target)
-        return reward_scorer.RewardScorer(self.module(), params, self.s.tokenizer, self.lengths.input, self.lengths.target,
-                               self.config.reward.max_steps, split_steps=self.task.split_steps)
+                                                   self.lengths.input, self.lengths.target)
+        return reward_scorer.RewardScorer(self.module(), params, self.s.tokenizer, self.lengths.input,
+                                          self.lengths.target, self.config.reward.max_steps,
+                                          split_steps=self.task.split_steps)
 
     def reward_data(self, kind: str, examples: Sequence[Example], samples: list[list[str]]
                     ) -> list[reward_labels.LabelledSolution]:
@@ -172,14 +173,11 @@ class Run:
         def validate(params):
             return reward_validation(self.task, self.scorer(params), kind, self.val, val_samples, r.prm_reduction)
 
-        t5 = LanguageModel(self.s.model_config).family == "t5"
+        lm = LanguageModel(self.s.model_config)
 
         def collate(sols):
-            if t5:
-                batch = reward_batches.t5_batch(self.s.tokenizer, sols, self.lengths.input, self.lengths.target, r.max_steps)
-            else:
-                batch = reward_batches.decoder_batch(self.s.tokenizer, sols, self.lengths.input + self.lengths.target,
-                                         r.max_steps)
+            batch = reward_batches.reward_batch(lm, self.s.tokenizer, sols, self.lengths.input, self.lengths.target,
+                                                r.max_steps)
             if r.pairwise_weight > 0:
                 batch["group"] = np.arange(len(sols), dtype=np.int32) // per_item
             return batch
@@ -188,8 +186,8 @@ class Run:
         spec = StageSpec(
             kind, stage, len(data) // per_item, make, validate, "paired_auroc", self.lengths.input,
             self.lengths.target, model=module,
-            loss=lambda m: reward_loss(lambda p, b, key: reward_scorer.step_log_odds(m, p, b, key),
-                                       lambda p, b, key: reward_scorer.reference_lm(m, p, b, key), r.lm_weight,
+            loss=lambda m: reward_loss(lambda p, b, key: step_log_odds(m, p, b, key),
+                                       lambda p, b, key: reference_lm(m, p, b, key), r.lm_weight,
                                        r.pairwise_weight, reduction),
             collate=collate,
             init_args=(jnp.zeros((1, r.max_steps), jnp.int32), jnp.ones((1, 8), jnp.int32),
@@ -302,7 +300,7 @@ class Run:
         if c.reward.critic_workdir:  # a REFINER run's trained critic: its confidence that a sample is right
             from refiner_jax.refiner.critics import load_critic
 
-            critic = load_critic(c.reward.critic_workdir, task, c.eval.batch_size, self.s.mesh)
+            critic = load_critic(config_lib.load_run(c.reward.critic_workdir), task, c.eval.batch_size, self.s.mesh)
             confidence = critic.confidence([ex for ex in test for _ in range(k)], flat_h).reshape(len(test), k)
             selections[f"REFINER critic rerank (K={k})"] = rerank.best_of_k(answers, confidence)
         outcomes = {"SFT greedy": greedy_outcome(greedy)}

@@ -1,27 +1,32 @@
-"""The one config tree of a REFINER run, its defaults and its validation.
+"""The one config tree of a run (REFINER or reward), its defaults, its validation and its later loads.
 
 `configs/*.py` start from `base_config()` and change what their experiment needs; `validate` checks the whole
-tree before anything is built or compiled and names the field and the fix when something is wrong.
+tree before anything is built or compiled and names the field and the fix when something is wrong. A run saves
+its config as `<workdir>/config.json`; `load` reads it back with `base_config()`'s defaults for missing fields.
 """
 from __future__ import annotations
 
+import json
+import os
 import string
+from typing import Mapping
 
 import ml_collections
 
 from refiner_jax import sharding as shd
-from refiner_jax.models.t5_config import HUB_NAMES, PRESETS
-from refiner_jax.models.base import FAMILIES
-from refiner_jax.models.decoder import PRESETS as DECODER_PRESETS
+from refiner_jax.models.language_model import FAMILIES, PRESETS
+from refiner_jax.models.t5_config import HUB_NAMES
 from refiner_jax.models.reward_model import HEADS
 from refiner_jax.refiner.critics import CRITIC_MODES
 from refiner_jax.reward.rerank import REDUCTIONS
 from refiner_jax.tasks.prm800k import NEUTRAL_MODES
 from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE
+from refiner_jax.text_model import RunInfo
 from refiner_jax.training.optim import make_schedule
 
 
 _DTYPES = ("float32", "bfloat16", "float16")
+CONFIG_FILE = "config.json"  # in the workdir: the config the run was trained with
 
 
 class ConfigError(ValueError):
@@ -89,9 +94,8 @@ def base_config() -> ml_collections.ConfigDict:
         "mode": "feedback", "steps": 500, "batch_size": 32, "microbatches": 1, "optimizer": _optimizer(2e-3),
         "eval_every": 250, "eval_examples": 300, "generator_fraction": 0.5, "generator_top_p": 1.0,
         "balanced": False, "fresh_problems": 0, "samples": 0, "calibration_examples": 2000})
-    # Stage 3: the REFINER loop (generator initialised from the warm-up). The warmed-up t5-tiny mostly repeats its
-    # hypothesis whatever the feedback; this stage is where it learns to act on it (with 150 steps, the oracle's
-    # gain varied between +3.9 and +11.7 EM from run to run; 450 steps gave +11.7).
+    # Stage 3: the REFINER loop (generator initialised from the warm-up): where the generator learns to act on the
+    # feedback instead of repeating its hypothesis (docs/experiments.md has the step counts tried).
     c.refiner = ml_collections.ConfigDict({
         "turns": 3, "samples": 3, "top_p": 0.5, "temperature": 1.0, "selection": "random",
         "template": DEFAULT_REFINE_TEMPLATE, "feedback_noise": 0.0, "steps": 450, "batch_size": 16,
@@ -181,7 +185,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
          f"{c.tokenizer.vocab_size} is too small for a subword vocabulary (bytes alone need 259); use >= 300")
     family = c.model.get("family", "t5")
     need(family in FAMILIES, "model.family", f"{family!r} is not a model family; use one of {FAMILIES}")
-    presets = PRESETS if family == "t5" else DECODER_PRESETS
+    presets = PRESETS[family]
     need(c.model.preset in presets, "model.preset",
          f"unknown preset {c.model.preset!r} for family {family!r}; use one of {sorted(presets)}")
     need(0.0 <= c.model.dropout_rate < 1.0, "model.dropout_rate", "must be in [0, 1)")
@@ -300,3 +304,36 @@ def validate_for_mesh(c: ml_collections.ConfigDict, batch_shards: int, processes
         if stage.batch_size % processes:
             raise ConfigError(f"config.{stage_name}.batch_size: {stage.batch_size} does not split over the "
                               f"{processes} processes; use a multiple of {processes}")
+
+
+# ----------------------------------------------------------------------------------------------- saved configs
+
+
+def _merged(defaults: dict, saved: Mapping) -> dict:
+    out = dict(defaults)
+    for key, value in saved.items():
+        out[key] = (_merged(defaults[key], value) if isinstance(defaults.get(key), dict) and isinstance(value, Mapping)
+                    else value)
+    return out
+
+
+def with_defaults(saved: Mapping | ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """A saved run config with every field it lacks (a run made before the field existed) at `base_config()`'s
+    default: the one source of defaults, so later loads agree with training."""
+    saved = json.loads(saved.to_json()) if isinstance(saved, ml_collections.ConfigDict) else saved
+    return ml_collections.ConfigDict(_merged(base_config().to_dict(), saved))
+
+
+def load(workdir: str) -> ml_collections.ConfigDict:
+    """The config a run directory was trained with (`<workdir>/config.json`), defaults filled (`with_defaults`)."""
+    path = os.path.join(workdir, CONFIG_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} is missing: {workdir} is not a refiner_jax run directory "
+                                "(train one with launch/train.py --workdir=...)")
+    with open(path, encoding="utf-8") as f:
+        return with_defaults(json.load(f))
+
+
+def load_run(workdir: str) -> RunInfo:
+    """A run directory's `RunInfo`: its saved config (`load`) and tokenizer."""
+    return RunInfo(workdir, load(workdir))

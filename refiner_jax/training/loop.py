@@ -25,7 +25,7 @@ import tqdm
 
 from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax import sharding as shd
-from refiner_jax.models.base import LanguageModel
+from refiner_jax.models.language_model import LanguageModel
 from refiner_jax.models.decoder import DecoderConfig
 from refiner_jax.models.t5_config import T5Config
 from refiner_jax.tokenizers import Tokenizer
@@ -50,9 +50,9 @@ class StageSpec:
     best_metric: str  # a key of `evaluate`'s result; higher is better
     input_len: int
     target_len: int
-    model: nn.Module | None = None  # default: the model config's LM (`models.base.LanguageModel`)
+    model: nn.Module | None = None  # default: the model config's LM (`models.language_model.LanguageModel`)
     loss: Callable[[nn.Module], LossFn] | None = None  # model -> loss function; default: its `pair_loss`
-    collate: Callable[[Any], dict] | None = None  # items -> arrays; default: `encode_pairs` of text pairs
+    collate: Callable[[Any], dict] | None = None  # items -> arrays; default: `LanguageModel.text_pair_batch`
     init_args: tuple = ()  # dummy inputs of `model.init` (default: the LM's)
     export_metadata: dict = dataclasses.field(default_factory=dict)  # saved with the exported parameters
     patience: int = 0  # stop after this many evaluations without a better `best_metric` (0: never)
@@ -81,19 +81,6 @@ class MetricsLog:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
-
-
-def encode_pairs(tokenizer: Tokenizer, pairs: Pairs, input_len: int, target_len: int,
-                 lm: LanguageModel | None = None, pack: int = 0) -> dict:
-    """Token arrays of text pairs for `lm` (default T5's `{'inputs': [b, input_len], 'targets': [b, target_len]}`),
-    truncated / padded to these fixed lengths, so the train step compiles once per stage (a decoder's packed
-    batches, `pack` > 0: once per row count, a few; see `LanguageModel.pair_batch`)."""
-    if lm is None or lm.family == "t5":
-        inputs = tokenizer.encode_batch([p[0] for p in pairs], input_len, pad_to=input_len)
-        targets = tokenizer.encode_batch([p[1] for p in pairs], target_len, pad_to=target_len)
-        return {"inputs": inputs, "targets": targets}
-    return lm.pair_batch([tokenizer.encode(p[0]) for p in pairs], [tokenizer.encode(p[1]) for p in pairs],
-                         input_len, target_len, tokenizer.eos_id, pack=pack)
 
 
 def truncation_warning(name: str, tokenizer: Tokenizer, pairs: Pairs, input_len: int, target_len: int) -> str | None:
@@ -172,7 +159,7 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | Decod
         first_batch = False
         if spec.collate is None:
             # The global batch, on every process.
-            batch = encode_pairs(tokenizer, pairs, spec.input_len, spec.target_len, lm, pack=row_multiple)
+            batch = lm.text_pair_batch(tokenizer, pairs, spec.input_len, spec.target_len, pack=row_multiple)
         else:
             batch = spec.collate(pairs)
         window_examples += len(pairs)

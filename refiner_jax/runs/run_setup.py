@@ -1,0 +1,161 @@
+"""What both pipelines share before their first stage: the checked config and workdir, the data splits, the
+tokenizer, the model config (a preset or an imported checkpoint), the mesh and the keyword arguments of
+`training.loop.train_stage`.
+
+The workdir keeps `config.json`: a rerun refuses a changed `task`, `tokenizer` or `model` section, which would make
+the trained stages meaningless; other changes, such as more steps, apply to the stages still to run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+from typing import Any
+
+import jax
+import ml_collections
+
+from refiner_jax import sharding as shd
+from refiner_jax.models.decoder import DecoderConfig
+from refiner_jax.models.language_model import load_checkpoint, preset_config
+from refiner_jax.models.t5_config import T5Config
+from refiner_jax.runs import run_config as config_lib
+from refiner_jax.tasks import get_task
+from refiner_jax.tasks.base import NO_HINT, Example, Task, refine_input
+from refiner_jax.tokenizers import (ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer, padded_vocab_size,
+                                    train_subword_tokenizer)
+from refiner_jax.training.loop import MetricsLog
+
+# Config sections whose change would make already-trained stages meaningless.
+_FROZEN_SECTIONS = ("task", "tokenizer", "model")
+
+
+def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> bool:
+    """Refuses a changed frozen section; returns whether the workdir has a recorded config (an earlier run)."""
+    if not os.path.exists(os.path.join(workdir, config_lib.CONFIG_FILE)):
+        return False
+    new = json.loads(config.to_json())
+    old = json.loads(config_lib.load(workdir).to_json())  # a field added since the run was made had its default
+    if old["task"]["data_dir"]:  # recorded relative by older runs: compare the folders themselves
+        old["task"]["data_dir"] = os.path.abspath(old["task"]["data_dir"])
+    for section in _FROZEN_SECTIONS:
+        if old.get(section) != new.get(section):
+            raise config_lib.ConfigError(
+                f"{workdir} was trained with a different config.{section} ({old.get(section)} vs "
+                f"{new.get(section)}); use a fresh --workdir, or delete the stages to retrain")
+    return True
+
+
+def _save_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+    """Records the config once the run's setup succeeded (a setup error leaves the workdir free to fix it)."""
+    shd.sync_processes("config checked")  # every process has read the old file before process 0 replaces it
+    if shd.is_main_process():
+        with open(os.path.join(workdir, config_lib.CONFIG_FILE), "w", encoding="utf-8") as f:
+            json.dump(json.loads(config.to_json()), f, indent=2)
+
+
+def load_splits(task: Task, config) -> dict[str, list[Example]]:
+    data_dir = config.task.data_dir or None
+    return {split: task.load(split, data_dir) for split in ("train", "val", "test")}
+
+
+def build_tokenizer(config, task: Task, train: list[Example], workdir: str, reuse: bool = True) -> Tokenizer:
+    """The run's tokenizer: reloaded from the workdir if saved there (and `reuse`), else made by process 0 and
+    saved there."""
+    directory = os.path.join(workdir, "tokenizer")
+    if not (reuse and os.path.isdir(directory)) and shd.is_main_process():
+        if os.path.isdir(directory):
+            shutil.rmtree(directory)
+        _make_tokenizer(config, task, train).save(directory)
+    shd.sync_processes("tokenizer saved")
+    return load_tokenizer(directory)
+
+
+def _make_tokenizer(config, task: Task, train: list[Example]) -> Tokenizer:
+    kind = config.tokenizer.kind
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "hf":
+        return HFTokenizer.from_pretrained(config.tokenizer.path)
+    texts = []
+    rng = random.Random(config.seed)
+    for ex in train:
+        hypothesis, feedback = task.perturb(ex, rng)
+        texts += [ex.x, task.target(ex), feedback.text,
+                  refine_input("", hypothesis, feedback.text, config.refiner.template)]
+    texts.append(NO_HINT)
+    return train_subword_tokenizer(texts, config.tokenizer.vocab_size,
+                                   extra_special_tokens=tuple(getattr(task, "special_tokens", ())),
+                                   split_punctuation=config.tokenizer.split_punctuation)
+
+
+def model_setup(config, tokenizer: Tokenizer) -> tuple[T5Config | DecoderConfig, Any]:
+    """(model config, pretrained params or None): a preset of `config.model.family` sized to the tokenizer, or an
+    imported transformers checkpoint."""
+    overrides = dict(dropout_rate=config.model.dropout_rate, dtype=config.model.dtype,
+                     param_dtype=config.model.param_dtype, remat=config.model.remat)
+    if config.model.checkpoint:
+        model_config, params = load_checkpoint(config.model.family, config.model.checkpoint, **overrides)
+        if model_config.vocab_size < tokenizer.vocab_size:
+            raise config_lib.ConfigError(
+                f"config.model.checkpoint has {model_config.vocab_size} embeddings but the tokenizer has "
+                f"{tokenizer.vocab_size} tokens; use the checkpoint's own tokenizer (tokenizer.kind='hf')")
+        return model_config, params
+    vocab_size = padded_vocab_size(tokenizer.vocab_size)
+    return preset_config(config.model.family, config.model.preset, vocab_size, tokenizer.pad_id, tokenizer.eos_id,
+                         **overrides), None
+
+
+@dataclasses.dataclass
+class Setup:
+    """What every stage of a run shares, made once the whole config has been checked."""
+
+    task: Task
+    splits: dict[str, list[Example]]
+    tokenizer: Tokenizer
+    model_config: T5Config | DecoderConfig
+    pretrained: Any  # imported checkpoint parameters, or None
+    mesh: Any
+    rules: Any
+    log: MetricsLog
+    common: dict  # the keyword arguments of `train_stage` that every stage passes
+
+
+def setup(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...], known: tuple[str, ...],
+          sections: tuple[str, ...]) -> Setup:
+    """Checks the config, the requested `stages` (of `known`) and the workdir, then loads the data, the tokenizer
+    and the model config and records the config. `sections` are the config's training stages (batch checks)."""
+    config_lib.validate(config)
+    if "://" in workdir:
+        raise config_lib.ConfigError(f"--workdir {workdir} is a URL; use a filesystem path (mount a bucket with "
+                                     "gcsfuse to keep runs in Cloud Storage)")
+    unknown = set(stages) - set(known)
+    if unknown:
+        raise config_lib.ConfigError(f"unknown stages {sorted(unknown)}; choose from {known}")
+    if config.task.data_dir:  # recorded absolute, so evaluation and the tools find the data from any directory
+        config.task.data_dir = os.path.abspath(os.path.expanduser(config.task.data_dir))
+    os.makedirs(workdir, exist_ok=True)
+    recorded = _check_workdir_config(workdir, config)
+    task = get_task(config.task.name, **dict(config.task.options))
+    splits = load_splits(task, config)
+    if shd.is_main_process():
+        print(f"[data] {task.name}: " + ", ".join(f"{k} {len(v)}" for k, v in splits.items()))
+    # A tokenizer left by a setup that failed before its config was recorded may be stale: made again.
+    tokenizer = build_tokenizer(config, task, splits["train"], workdir, reuse=recorded)
+    model_config, pretrained = model_setup(config, tokenizer)
+    mesh = shd.make_mesh(dict(config.mesh))
+    rules = shd.normalize_rules(config.logical_axis_rules)
+    config_lib.validate_for_mesh(config, shd.batch_divisor(mesh, rules), jax.process_count(), sections)
+    for name in sections:
+        if config[name].batch_size > len(splits["train"]):
+            raise config_lib.ConfigError(
+                f"config.{name}.batch_size: {config[name].batch_size} is more than the {len(splits['train'])} "
+                "training examples; use a smaller batch or more data")
+    _save_workdir_config(workdir, config)
+    log = MetricsLog(workdir)
+    common = dict(workdir=workdir, model_config=model_config, tokenizer=tokenizer, mesh=mesh, rules=rules,
+                  seed=config.seed, checkpoint_every=config.checkpoint.every, keep=config.checkpoint.keep,
+                  log=log, log_every=config.log_every, pack=config.model.pack)
+    return Setup(task, splits, tokenizer, model_config, pretrained, mesh, rules, log, common)
