@@ -1,15 +1,13 @@
 """Process settings that make XLA:CPU faster on Linux hosts.
 
-XLA:CPU allocates each execution's temporary buffer with the C allocator and frees it when the step ends (a t5-tiny
-train step at batch 32: 212 MB). glibc maps a block that large afresh and unmaps it on free, so every step faults in
-every 4 KiB page again: 55,000 page faults per t5-tiny train step. Two remedies, both read when a process starts:
+XLA:CPU allocates each execution's temporary buffer with the C allocator and frees it when the step ends. glibc
+maps a block that large afresh and unmaps it on free, so every step faults in every 4 KiB page again. Two remedies,
+both read when a process starts (measurements: docs/performance.md):
 
 - jemalloc, where the system has it (Debian and Ubuntu: `apt-get install libjemalloc2`), preloaded with
   `JEMALLOC_CONF`: freed memory stays with the process on transparent huge pages, so each step reuses the pages of
-  the last one. On 2 host devices of a 2-core CPU a t5-tiny train step then faulted 0-10 times instead of about
-  1,000 and took 142-147 ms instead of 152-166 ms. The process keeps its peak memory until it exits.
-- otherwise glibc's tunable `glibc.malloc.hugetlb=1`, which makes malloc ask for transparent huge pages (2 MiB):
-  about 180 faults per step on one device, and the step took 190-202 ms instead of 253-319 ms.
+  the last one. The process keeps its peak memory until it exits.
+- otherwise glibc's tunable `glibc.malloc.hugetlb=1`, which makes malloc ask for transparent huge pages (2 MiB).
 
 `restart_with_fast_malloc` starts the running script again with them set; the launchers call it first thing.
 `REFINER_JAX_MALLOC=glibc` keeps glibc's malloc; an `LD_PRELOAD` of the user's own is left alone, and so are a

@@ -53,10 +53,8 @@ def dense(x: Array, kernel: Array) -> Array:
     """`x` [..., k] @ `kernel` [k, n], whose kernel gradient is `product_over_rows(x, output gradient)`.
 
     The kernel gradient contracts over every row of the batch. Autodiff writes it as (output gradient)^T x, and
-    XLA:CPU then copies the output gradient transposed, with the activation's masks fused into that slow copy;
-    for the feed-forward layers' [tokens, d_ff] gradients that took 8% of a t5-small train step. Transposing the
-    narrower of the two instead gives the same values; in the feed-forward layers alone, a t5-tiny train step took
-    16% less time on a 2-core CPU.
+    XLA:CPU then copies the output gradient transposed, with the activation's masks fused into that slow copy.
+    Transposing the narrower of the two instead gives the same values, faster (docs/performance.md).
     """
     return x @ kernel
 
@@ -79,12 +77,10 @@ def product_over_rows(a: Array, b: Array) -> Array:
     contracts both operands' row axis, as a kernel gradient and attention's key and value gradients do.
 
     XLA:CPU gives such a product to Eigen, and one whose left operand is laid out [m, rows] to YNNPACK, which runs
-    t5-tiny's kernel gradients about 1.4x and its attention gradients about 1.7x as fast. So on CPU the narrower
-    operand is transposed into a buffer of its own, the product runs as (narrower)^T (wider), and its result is
-    transposed back when `a` was the wider; optimization barriers keep XLA from folding the transposes back into
-    the product. On a 2-core CPU a t5-tiny train step took 2-5 ms (2-3%) less on 2 host devices and 6-7% less on
-    one device at the default job's shapes, a t5-small one the same within 1%. Elsewhere the product stays one
-    contraction, which GPU and TPU libraries read transposed for free.
+    it faster. So on CPU the narrower operand is transposed into a buffer of its own, the product runs as
+    (narrower)^T (wider), and its result is transposed back when `a` was the wider; optimization barriers keep XLA
+    from folding the transposes back into the product. Elsewhere the product stays one contraction, which GPU and
+    TPU libraries read transposed for free (figures: docs/performance.md).
     """
     def swap(x):
         return jnp.swapaxes(x, -1, -2)
@@ -104,8 +100,7 @@ def attend(q: Array, k: Array, v: Array, bias: Array, seed: Array | None, rate: 
     -> `[batch, heads, q, d_kv]`.
 
     Its gradient is written out: it keeps the softmax alone and recomputes the dropout mask from the seed, where
-    autodiff also kept the mask and the dropped-out weights. A t5-tiny train step (batch 32, 2 host devices) then
-    needed 107 instead of 114 MB of temporary buffers and took 4% less time on a 2-core CPU, a t5-small one 2%.
+    autodiff also kept the mask and the dropped-out weights: less memory and time (docs/performance.md).
     """
     return _attend_fwd(q, k, v, bias, seed, rate)[0]
 
@@ -144,8 +139,8 @@ def heads_major(*xs: Array) -> tuple[Array, ...]:
 def broadcast_batch(x: Array, batch: int) -> Array:
     """`x` [1, ...] repeated to [batch, ...], whose gradient sums over the batch as a matrix-vector product.
 
-    Autodiff's plain reduction over the leading axis ran about 20x slower than the product on XLA:CPU (YNNPACK),
-    for the position-bias gradient `[batch, heads, q, k] -> [heads, q, k]`: 5% of a t5-tiny train step.
+    Autodiff's plain reduction over the leading axis runs much slower than the product on XLA:CPU (YNNPACK), e.g.
+    for the position-bias gradient `[batch, heads, q, k] -> [heads, q, k]`.
     """
     return jnp.broadcast_to(x, (batch, *x.shape[1:]))
 

@@ -24,7 +24,7 @@ import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
 from refiner_jax import sharding as shd
-from refiner_jax.models.base import LanguageModel
+from refiner_jax.models.language_model import LanguageModel
 from refiner_jax.models.t5 import shift_right
 from refiner_jax.tokenizers import PAD_ID
 from refiner_jax.training.state import TrainState
@@ -61,9 +61,9 @@ def _token_nll(logits: jax.Array, targets: jax.Array, valid: jax.Array, z_loss: 
 
     Its gradient is written out, ``((1 + 2 z_loss log_z) softmax - onehot) * cotangent``, zero at invalid
     positions: one elementwise pass over ``[batch, len, vocab]``, where autodiff of the same formula makes separate
-    passes for the padding select, the softmax and the scatter of the target logit's gradient. A t5-small train
-    step (vocab 32128, batch 32 x 64 targets) took about 4% less time on a 2-core CPU. Invalid positions are selected
-    away, never multiplied, so non-finite logits there give neither a NaN loss nor a NaN gradient.
+    passes for the padding select, the softmax and the scatter of the target logit's gradient (docs/performance.md).
+    Invalid positions are selected away, never multiplied, so non-finite logits there give neither a NaN loss nor a
+    NaN gradient.
     """
     return _token_nll_fwd(logits, targets, valid, z_loss)[0]
 
@@ -119,8 +119,8 @@ def pair_loss(lm: LanguageModel, module: nn.Module, *, z_loss: float = 0.0) -> L
 
 def _token_sums(logits, targets, weights, z_loss: float) -> tuple[jax.Array, dict[str, jax.Array]]:
     loss_sum, tokens = masked_cross_entropy(logits, targets, weights, z_loss=z_loss)
-    # The target's logit against the row maximum: a max reduction, where `argmax` (a variadic reduce) took 143 ms
-    # for 2048 x 32128 logits on a 2-core CPU against 8 ms. A target tied with another maximum counts as correct.
+    # The target's logit against the row maximum: a max reduction is far cheaper on XLA:CPU than `argmax` (a
+    # variadic reduce). A target tied with another maximum counts as correct.
     target_logit = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
     correct = jnp.sum((target_logit >= jnp.max(logits, axis=-1)) * weights)
     return loss_sum, {"loss_sum": loss_sum, "accuracy_sum": correct, "tokens": tokens}
@@ -238,8 +238,7 @@ def _tree_add(a: Any, b: Any) -> Any:
 
 def _sum_over(tree: Any, axis: str, flat: bool) -> Any:
     """``psum`` of ``tree`` over the manual mesh axis ``axis``; with ``flat``, of one float32 buffer holding every
-    leaf. XLA:CPU's devices meet once per operand of an all-reduce: adding the 42 gradients of a t5-tiny step took
-    2.6-2.9 ms on 2 host devices, one buffer 0.5-0.6 ms (profiled steps in which neither device was late)."""
+    leaf: XLA:CPU's devices meet once per operand of an all-reduce, so one buffer meets once."""
     if not flat:
         return jax.lax.psum(tree, axis)
     leaves, treedef = jax.tree.flatten(tree)
@@ -266,10 +265,9 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, mesh: Mes
     Pure data parallelism (``data > 1``, every parameter whole on every device) runs by hand: each data shard
     computes its gradient and metric sums inside a ``shard_map``, with its dropout key folded with the shard's
     index, and the shards add them once per step, after the last microbatch; on CPU as one flat buffer
-    (``_sum_over``). A t5-tiny step on 2 host devices took 2-3.5 ms (1.5-2%) less than with the all-reduce that the
-    partitioner placed, in paired comparisons, and 0.143-0.152 s against 0.160-0.172 s in the bench. Meshes that
-    split parameters (fsdp, tensor) leave every collective to the partitioner, which aborted on a ``shard_map``
-    manual over ``data`` on a data x fsdp x tensor mesh.
+    (``_sum_over``), which is faster than the all-reduce the partitioner places. Meshes that split parameters
+    (fsdp, tensor) leave every collective to the partitioner, which aborted on a ``shard_map`` manual over
+    ``data`` on a data x fsdp x tensor mesh.
     """
     if num_microbatches < 1:
         raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
