@@ -13,8 +13,8 @@ times the worst deviation seen for that kind across CPU thread counts and 2, 4 a
 (docs/testing.md). A real bug (a dropped shard, a missing term, a reduction over the wrong axis) moves the result
 by a fraction of `scale`, 10**3 to 10**6 ulps, far beyond any margin used.
 
-With REFINER_TOLERANCE_LOG=path, every check appends {what, deviation, tolerance} as a JSON line to `path`, so a
-study can report the worst deviation seen against each tolerance on a given machine and thread count.
+With REFINER_TOLERANCE_LOG=path, every check appends {what, deviation, tolerance, ulps} as a JSON line to `path`,
+so a study can report the worst deviation seen against each tolerance on a given machine and thread count.
 """
 import json
 import os
@@ -34,17 +34,17 @@ def tolerance(ulps: float, scale: float) -> float:
     return float(ulps) * EPS32 * float(scale)
 
 
-def _log(what: str, deviation: float, tol: float) -> None:
+def _log(what: str, deviation: float, tol: float, ulps: float) -> None:
     path = os.environ.get("REFINER_TOLERANCE_LOG")
     if path:
         with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"what": what, "deviation": deviation, "tolerance": tol}) + "\n")
+            f.write(json.dumps({"what": what, "deviation": deviation, "tolerance": tol, "ulps": ulps}) + "\n")
 
 
 def check_close(what: str, deviation: float, *, ulps: float, scale: float) -> None:
     """Asserts a measured deviation (e.g. max |a - b| from a subprocess report) is within `ulps` of `scale`."""
     tol = tolerance(ulps, scale)
-    _log(what, float(deviation), tol)
+    _log(what, float(deviation), tol, ulps)
     assert float(deviation) <= tol, f"{what}: deviation {deviation:.3e} > {ulps} ulps x scale {scale:.3e} = {tol:.3e}"
 
 

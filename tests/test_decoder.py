@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from _helpers import decode_step, greedy_generate, prefill
 from _helpers import padded_prompts as _prompts
-from _tolerance import ELEMENTWISE, NETWORK, PARITY, assert_f32_close
+from _tolerance import ELEMENTWISE, NETWORK, PARITY, REORDER, assert_f32_close
 from flax.linen import meta
 
 from refiner_jax.models import hf_decoder
@@ -102,6 +102,21 @@ def test_logits_match_transformers(family):
     assert_f32_close(np.asarray(logits)[mask], ref_logits[mask], ulps=PARITY, what=f"{family.name} logits")
     assert_f32_close(np.asarray(hidden)[mask], ref_hidden[mask], ulps=PARITY, what=f"{family.name} hidden states")
     assert np.abs(ref_logits).max() > 1.0  # the comparison is not between near-zero tensors
+
+
+def test_feed_forward_block_matches_transformers(family):
+    """The first layer's MLP (tanh-GELU for GPT-2, SwiGLU for Llama and Qwen2) on inputs spread over the
+    activation's curved range, against transformers' block. The whole model's logits dilute an activation's error
+    (the exact GELU for the tanh form changes them by less than float32 parity's margin); one block does not."""
+    from refiner_jax.models.decoder import MLP
+
+    x = np.random.default_rng(0).normal(0.0, 2.0, (3, 5, family.config.d_model)).astype(np.float32)
+    ours = MLP(family.config).apply({"params": family.params["layers_0"]["mlp"]}, jnp.asarray(x))
+    block = family.ref.transformer.h[0].mlp if family.name == "gpt2" else family.ref.model.layers[0].mlp
+    with torch.no_grad():
+        theirs = block(torch.tensor(x)).numpy()
+    # Two products over d_model and d_ff and one activation: REORDER ulps of the output's magnitude.
+    assert_f32_close(ours, theirs, ulps=REORDER, what=f"{family.name} feed-forward block")
 
 
 @pytest.mark.parametrize("padding", ["left", "right"])

@@ -325,7 +325,7 @@ def _multi_device_report() -> dict:
     # data=2, fsdp=2, tensor=2 (on 8 devices) from the same initial state, with 4 microbatches on top.
     mesh222 = shd.make_mesh((2, n // 4, 2) if n >= 4 else (1, 1, n))
     sh222 = train_state_shardings(init, tx, mesh222)
-    compare("mixed_microbatch4", jax.device_put(keep, sh222),
+    compare("mixed_microbatch4", jax.device_put(jax.tree.map(jnp.copy, keep), sh222),
             make_train_step(loss_fn, tx, mesh222, sh222, num_microbatches=4))
 
     # The decoder-only LM's pair loss (prompt + target in one sequence, loss on the target): one device, pure data
