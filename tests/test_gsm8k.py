@@ -237,8 +237,9 @@ def test_step_rule_details(task):
     assert task.step_correctness(example, "13*2=<<13*2=26>>26\n#### 10") == [False, True]
     feedback = task.oracle_feedback(example, "13*2=<<13*2=26>>26\n#### 11")
     assert [(e.kind, e.step, e.detail) for e in feedback.errors] == [("operand", 0, "13"), ("answer", 1, "11")]
-    assert task.orm_step_labels(example, "3*3=<<3*3=9>>9\n#### 10") == [True, True]
-    assert task.orm_step_labels(example, "3*3=<<3*3=9>>9\n#### 9") == [False, False]
+    from refiner_jax.reward.labels import step_labels  # outcome labels: the answer's correctness on every step
+    assert step_labels("orm", task, example, "3*3=<<3*3=9>>9\n#### 10") == [True, True]
+    assert step_labels("orm", task, example, "3*3=<<3*3=9>>9\n#### 9") == [False, False]
     assert task.split_steps("  a \n\n b\n#### 3\n") == ["a", "b", "#### 3"]
 
 

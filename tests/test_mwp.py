@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from refiner_jax.tasks import DataError, Example, get_task
-from refiner_jax.tasks import mwp, synthetic_mwp
+from refiner_jax.tasks import mwp
 from refiner_jax.tasks.base import NO_HINT
+from refiner_jax.tasks.mwp import synthetic as synthetic_mwp
 
 SVAMP_DIR = "svamp/mawps-asdiv-a_svamp"
 PROPS = settings(max_examples=1500, deadline=None, database=None, derandomize=True,

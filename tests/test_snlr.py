@@ -22,7 +22,7 @@ from refiner_jax.tasks.snlr import (
     read_conclusion,
     split_steps,
 )
-from refiner_jax.tasks.snlr_generator import ATTRIBUTE_GROUPS, CATEGORIES, GENERIC_NAMES, generate_records
+from refiner_jax.tasks.snlr.generator import ATTRIBUTE_GROUPS, CATEGORIES, GENERIC_NAMES, generate_records
 
 SPLIT_SIZES = {"train": 1000, "val": 5000, "test": 5000}
 

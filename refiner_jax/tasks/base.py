@@ -71,7 +71,7 @@ class Feedback:
 
 
 class Task(Protocol):
-    """What training, refinement and reward models need from a task (see `tasks/mwp.py` for the reference one)."""
+    """What training, refinement and reward models need from a task (see `tasks/mwp/` for the reference one)."""
 
     name: str
     error_kinds: tuple[str, ...]  # every `StepError.kind` this task can emit, for per-type metrics

@@ -1,0 +1,88 @@
+"""SVAMP's `mawps-asdiv-a_svamp` csvs as MWP examples: `x` is the `Question` column, which already is
+`Body + " " + Ques`; `z` the formula compiled from the prefix `Equation`; `y` the answer; `meta` keeps `numbers`
+(floats, in numberK order), the prefix `equation` and the gold `answer`. Validation is a seeded held-out slice of
+train.csv (`heldout_split`), never SVAMP. A malformed file raises `DataError` naming the file, the row and what
+was expected."""
+from __future__ import annotations
+
+import csv
+import os
+import random
+import re
+from typing import Mapping, Sequence
+
+from refiner_jax.tasks.base import DataError, Example
+from refiner_jax.tasks.mwp.formula import compile_prefix, format_formula, normalize_whitespace
+
+_REQUIRED_COLUMNS = ("Question", "Numbers", "Equation", "Answer")
+
+
+def _read_csv(path: str) -> list[dict[str, str]]:
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: file not found; expected SVAMP's mawps-asdiv-a_svamp csv "
+                        f"(columns {', '.join(_REQUIRED_COLUMNS)}); pass its folder as data_dir")
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            columns = reader.fieldnames or []
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise DataError(f"{path}: not a readable UTF-8 csv file ({e})") from e
+    missing = [c for c in _REQUIRED_COLUMNS if c not in columns]
+    if missing:
+        raise DataError(f"{path}: missing column(s) {missing}; expected a header with "
+                        f"{', '.join(_REQUIRED_COLUMNS)} (found {columns})")
+    if not rows:
+        raise DataError(f"{path}: no data rows; expected SVAMP problems with columns {', '.join(_REQUIRED_COLUMNS)}")
+    return rows
+
+
+def _example_from_fields(uid: str, question: str, numbers: Sequence[float], equation: str, answer: float,
+                         extra: Mapping[str, object] | None = None) -> Example:
+    formula = compile_prefix(equation)
+    meta = {"numbers": [float(v) for v in numbers], "equation": equation, "answer": float(answer), **(extra or {})}
+    return Example(uid=uid, x=normalize_whitespace(question), z=format_formula(formula), y=repr(float(answer)),
+                   meta=meta)
+
+
+def _examples_from_csv(path: str, prefix: str, lowercase: bool = False) -> list[Example]:
+    examples = []
+    for i, row in enumerate(_read_csv(path)):
+        where = f"{path}: data row {i + 1}"
+        equation = row["Equation"] or ""
+        try:
+            numbers = [float(v) for v in (row["Numbers"] or "").split()]
+            answer = float(row["Answer"] or "")
+            extra = {"type": row["Type"]} if row.get("Type") else {}
+            question = row["Question"] or ""
+            ex = _example_from_fields(f"{prefix}-{i}", question.lower() if lowercase else question, numbers,
+                                      equation, answer, extra)
+        except ValueError as e:
+            raise DataError(f"{where}: {e}; expected Numbers = space-separated numbers, Equation = a prefix "
+                            f"equation over numberK and constants, Answer = a number") from e
+        max_k = max((int(m) for m in re.findall(r"number(\d+)", equation)), default=-1)
+        if max_k >= len(numbers):
+            raise DataError(f"{where}: Equation uses number{max_k} but Numbers has {len(numbers)} value(s)")
+        if not ex.x:
+            raise DataError(f"{where}: empty Question")
+        examples.append(ex)
+    return examples
+
+
+def heldout_split(examples: Sequence[Example], val_size: int, seed: int) -> tuple[list[Example], list[Example]]:
+    """(train, val): a seeded random slice of `val_size` examples, drawn by problem text so that repeated problems
+    (MAWPS has 420 duplicated texts) never sit on both sides."""
+    groups: dict[str, list[Example]] = {}
+    for ex in examples:
+        groups.setdefault(ex.x.lower(), []).append(ex)
+    keys = sorted(groups)
+    random.Random(seed).shuffle(keys)
+    val_keys: set[str] = set()
+    count = 0
+    for key in keys:
+        if count + len(groups[key]) <= val_size:
+            val_keys.add(key)
+            count += len(groups[key])
+    train = [ex for ex in examples if ex.x.lower() not in val_keys]
+    val = [ex for ex in examples if ex.x.lower() in val_keys]
+    return train, val
