@@ -96,7 +96,8 @@ def _decoder_sampler(name: str, seed: int, device):
     from flax.linen import meta
 
     from refiner_jax.models import hf_decoder
-    from refiner_jax.models.decoder import Decoder, preset
+    from refiner_jax.models.decoder import Decoder
+    from refiner_jax.models.decoder_config import preset
     from refiner_jax.models.decoder_sampling import pad_id, sample_decoder
 
     config = preset(name, dropout_rate=0.0)

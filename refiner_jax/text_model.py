@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax import sampling
 from refiner_jax.models.language_model import LanguageModel, config_from_dict
-from refiner_jax.models.decoder import DecoderConfig
+from refiner_jax.models.decoder_config import DecoderConfig
 from refiner_jax.models.t5_config import T5Config
 from refiner_jax.tasks.base import Task
 from refiner_jax.tokenizers import Tokenizer, load_tokenizer

@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from refiner_jax.models.decoder import Decoder, DecoderConfig, init_cache
+from refiner_jax.models.decoder import Decoder, init_cache
+from refiner_jax.models.decoder_config import DecoderConfig
 
 
 def padded_prompts(vocab: int, lengths, padding: str, seed: int = 0):

@@ -16,7 +16,8 @@ from _tolerance import ELEMENTWISE, NETWORK, PARITY, REORDER, assert_f32_close
 from flax.linen import meta
 
 from refiner_jax.models import hf_decoder
-from refiner_jax.models.decoder import Decoder, DecoderConfig, init_cache, preset, rope_frequencies
+from refiner_jax.models.decoder import Decoder, init_cache, rope_frequencies
+from refiner_jax.models.decoder_config import DecoderConfig, preset
 from refiner_jax.models.layers import param_count
 from refiner_jax.sharding import DEFAULT_RULES
 

@@ -16,7 +16,8 @@ from flax.linen import meta
 
 from refiner_jax import sampling
 from refiner_jax.models import hf_decoder
-from refiner_jax.models.decoder import Decoder, init_cache, preset
+from refiner_jax.models.decoder import Decoder, init_cache
+from refiner_jax.models.decoder_config import preset
 from refiner_jax.models.decoder_sampling import pad_id, sample_decoder
 
 LENGTHS = (7, 2, 5, 4)  # real tokens of the 4 prompts, left-padded to 7

@@ -12,7 +12,7 @@ from flax.linen import meta
 from _tolerance import NETWORK, REORDER, assert_f32_close, check_close
 
 from refiner_jax.models.language_model import LanguageModel, config_from_dict
-from refiner_jax.models.decoder import preset as decoder_preset
+from refiner_jax.models.decoder_config import preset as decoder_preset
 from refiner_jax.models.t5_config import preset as t5_preset
 from refiner_jax.text_model import TextModel, load_text_model
 from refiner_jax.tokenizers import ByteTokenizer

@@ -20,6 +20,7 @@ import optax  # noqa: E402
 from _tolerance import NETWORK, REORDER, assert_f32_close, check_close, tolerance  # noqa: E402
 from refiner_jax.reward import batches as reward_batches, labels as reward_labels, scorer as reward_scorer  # noqa: E402
 from refiner_jax.models import decoder as decoder_lib  # noqa: E402
+from refiner_jax.models.decoder_config import preset as decoder_preset  # noqa: E402
 from refiner_jax.models.reward_model import RewardModel, reference_lm, step_log_odds  # noqa: E402
 from refiner_jax.models.t5 import T5, shift_right  # noqa: E402
 from refiner_jax.models.t5_config import preset  # noqa: E402
@@ -113,7 +114,7 @@ def _perturb_params(params, seed=1):
 def _tiny_lm(family):
     if family == "t5":
         return T5(preset("t5-tiny", vocab_size=384, num_layers=2, dropout_rate=0.0))
-    return decoder_lib.Decoder(decoder_lib.preset("llama-tiny", vocab_size=384, max_positions=256))
+    return decoder_lib.Decoder(decoder_preset("llama-tiny", vocab_size=384, max_positions=256))
 
 
 def _batch_of(family, tok, sols):

@@ -331,7 +331,7 @@ def _multi_device_report() -> dict:
     # The decoder-only LM's pair loss (prompt + target in one sequence, loss on the target): one device, pure data
     # parallelism and FSDP from the same initial state.
     from refiner_jax.models.language_model import LanguageModel
-    from refiner_jax.models.decoder import preset as decoder_preset
+    from refiner_jax.models.decoder_config import preset as decoder_preset
     from refiner_jax.training.steps import pair_loss
 
     dlm = LanguageModel(decoder_preset("llama-tiny", vocab_size=384, num_layers=1))

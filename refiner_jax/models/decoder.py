@@ -26,7 +26,6 @@ the tensor axis does not divide their number). Activations carry `batch` and `ac
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import flax.linen as nn
@@ -34,108 +33,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from refiner_jax.models.layers import MASK_VALUE, ConfigDtypes, Dropout, rms_norm
-
-_DTYPES = ("float32", "bfloat16", "float16")
-ROPE_TYPES = ("default", "linear", "llama3")
+from refiner_jax.models.decoder_config import DecoderConfig
+from refiner_jax.models.layers import MASK_VALUE, Dropout, rms_norm
 
 Array = jax.Array
-
-
-@dataclasses.dataclass(frozen=True)
-class DecoderConfig(ConfigDtypes):
-    """Architecture and numerics of a decoder-only LM. Hashable, so it can be a static jit argument.
-
-    `num_kv_heads` and `head_dim` default (None) to `num_heads` and `d_model // num_heads`. Token ids come from the
-    checkpoint's config; `eos_id` may be a tuple when a model has several end tokens.
-    """
-
-    vocab_size: int = 50257
-    d_model: int = 768
-    num_layers: int = 12
-    num_heads: int = 12
-    num_kv_heads: int | None = None
-    head_dim: int | None = None
-    d_ff: int = 3072
-    max_positions: int = 1024
-    position: str = "learned"  # "learned" (GPT-2) or "rope"
-    rope_theta: float = 10000.0
-    rope_type: str = "default"  # "default", "linear" or "llama3" rescaling of the rotary frequencies
-    rope_factor: float = 1.0  # linear and llama3
-    rope_low_freq_factor: float = 1.0  # llama3
-    rope_high_freq_factor: float = 4.0  # llama3
-    rope_original_max_positions: int = 8192  # llama3
-    norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm"
-    norm_eps: float = 1e-5
-    mlp: str = "gelu"  # "gelu" (tanh approximation, GPT-2's gelu_new) or "swiglu"
-    qkv_bias: bool = True
-    out_bias: bool = True  # attention output projection
-    mlp_bias: bool = True
-    tie_embeddings: bool = True  # output layer = token embedding transposed
-    dropout_rate: float = 0.0  # embeddings, attention weights and residual branches
-    initializer_range: float = 0.02
-    dtype: str = "float32"  # compute dtype ("bfloat16" on accelerators)
-    param_dtype: str = "float32"
-    remat: bool = False  # rematerialise each layer's activations in the backward pass
-    pad_id: int | None = None
-    bos_id: int | None = None
-    eos_id: int | tuple[int, ...] | None = None
-
-    def __post_init__(self):
-        if self.num_kv_heads is None:
-            object.__setattr__(self, "num_kv_heads", self.num_heads)
-        if self.head_dim is None:
-            object.__setattr__(self, "head_dim", self.d_model // max(self.num_heads, 1))
-        if isinstance(self.eos_id, list):
-            object.__setattr__(self, "eos_id", tuple(self.eos_id))
-        choices = {"position": ("learned", "rope"), "rope_type": ROPE_TYPES, "norm": ("layernorm", "rmsnorm"),
-                   "mlp": ("gelu", "swiglu"), "dtype": _DTYPES, "param_dtype": _DTYPES}
-        for field, allowed in choices.items():
-            if getattr(self, field) not in allowed:
-                raise ValueError(f"DecoderConfig.{field} must be one of {allowed}, got {getattr(self, field)!r}")
-        for field in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "d_ff",
-                      "max_positions"):
-            if getattr(self, field) <= 0:
-                raise ValueError(f"DecoderConfig.{field} must be positive, got {getattr(self, field)}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
-        if self.position == "rope" and self.head_dim % 2:
-            raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
-
-    @property
-    def eos_ids(self) -> tuple[int, ...]:
-        return () if self.eos_id is None else tuple(np.atleast_1d(self.eos_id).tolist())
-
-
-_GPT2 = dict(position="learned", norm="layernorm", norm_eps=1e-5, mlp="gelu", qkv_bias=True, out_bias=True,
-             mlp_bias=True, tie_embeddings=True)
-_LLAMA = dict(position="rope", norm="rmsnorm", norm_eps=1e-6, mlp="swiglu", qkv_bias=False, out_bias=False,
-              mlp_bias=False)
-
-PRESETS: dict[str, DecoderConfig] = {
-    "gpt2-tiny": DecoderConfig(vocab_size=512, d_model=64, num_layers=2, num_heads=4, d_ff=256, max_positions=256,
-                               bos_id=1, eos_id=1, **_GPT2),
-    "llama-tiny": DecoderConfig(vocab_size=512, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=176,
-                                max_positions=512, tie_embeddings=False, bos_id=1, eos_id=2, **_LLAMA),
-    # About t5-tiny's size (1.1M parameters with a 1024-token vocabulary), for the same jobs with either family.
-    "llama-mini": DecoderConfig(vocab_size=1024, d_model=128, num_layers=4, num_heads=4, num_kv_heads=2, d_ff=352,
-                                max_positions=512, tie_embeddings=False, bos_id=1, eos_id=2, **_LLAMA),
-    "gpt2": DecoderConfig(vocab_size=50257, d_model=768, num_layers=12, num_heads=12, d_ff=3072,
-                          max_positions=1024, bos_id=50256, eos_id=50256, **_GPT2),
-    "qwen2.5-0.5b": DecoderConfig(vocab_size=151936, d_model=896, num_layers=24, num_heads=14, num_kv_heads=2,
-                                  d_ff=4864, max_positions=32768, rope_theta=1e6, tie_embeddings=True,
-                                  bos_id=151643, eos_id=151643, **dict(_LLAMA, qkv_bias=True)),
-}
-
-# Hub names of the presets' released checkpoints (for `models.hf_decoder.load_decoder` when online).
-HUB_NAMES = {"gpt2": "openai-community/gpt2", "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B"}
-
-
-def preset(name: str, **overrides) -> DecoderConfig:
-    """The named architecture (`PRESETS`), with optional field overrides (e.g. `dtype="bfloat16"`)."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown decoder preset {name!r}; choose one of {sorted(PRESETS)}")
-    return PRESETS[name].replace(**overrides)
 
 
 @functools.lru_cache(maxsize=64)

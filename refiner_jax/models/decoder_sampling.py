@@ -14,7 +14,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from refiner_jax import sampling
-from refiner_jax.models.decoder import Decoder, DecoderConfig, init_cache
+from refiner_jax.models.decoder import Decoder, init_cache
+from refiner_jax.models.decoder_config import DecoderConfig
 
 
 def _sample(params, prompts, mask, rng, temperature, top_k, top_p, min_new_tokens, *, config: DecoderConfig,

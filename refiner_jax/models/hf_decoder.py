@@ -17,7 +17,7 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from refiner_jax.models.decoder import HUB_NAMES, DecoderConfig
+from refiner_jax.models.decoder_config import HUB_NAMES, DecoderConfig
 from refiner_jax.models.hf import (check_known, get_param, param_shapes, read_config, read_state_dict,
                                    resolve_checkpoint, set_checked, write_checkpoint)
 

@@ -22,9 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from refiner_jax import sampling
-from refiner_jax.models.decoder import PRESETS as DECODER_PRESETS
-from refiner_jax.models.decoder import Decoder, DecoderConfig
-from refiner_jax.models.decoder import preset as decoder_preset
+from refiner_jax.models.decoder import Decoder
+from refiner_jax.models.decoder_config import PRESETS as DECODER_PRESETS
+from refiner_jax.models.decoder_config import DecoderConfig
+from refiner_jax.models.decoder_config import preset as decoder_preset
 from refiner_jax.models import t5_sampling
 from refiner_jax.models.decoder_sampling import sample_decoder
 from refiner_jax.models.t5 import T5, shift_right

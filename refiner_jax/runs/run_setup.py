@@ -18,7 +18,7 @@ import jax
 import ml_collections
 
 from refiner_jax import sharding as shd
-from refiner_jax.models.decoder import DecoderConfig
+from refiner_jax.models.decoder_config import DecoderConfig
 from refiner_jax.models.language_model import load_checkpoint, preset_config
 from refiner_jax.models.t5_config import T5Config
 from refiner_jax.runs import run_config as config_lib

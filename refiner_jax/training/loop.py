@@ -26,7 +26,7 @@ import tqdm
 from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax import sharding as shd
 from refiner_jax.models.language_model import LanguageModel
-from refiner_jax.models.decoder import DecoderConfig
+from refiner_jax.models.decoder_config import DecoderConfig
 from refiner_jax.models.t5_config import T5Config
 from refiner_jax.tokenizers import Tokenizer
 from refiner_jax.training.data_order import EpochOrder
