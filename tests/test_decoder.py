@@ -358,6 +358,7 @@ def test_unsupported_configs_are_rejected():
         DecoderConfig(num_layers=2, sliding_window=4, window_layers=(2,))
     with pytest.raises(ValueError, match="needs a sliding_window"):
         DecoderConfig(window_layers=(0,))
+    assert DecoderConfig(num_layers=2, sliding_window=4, window_layers=()) == DecoderConfig(num_layers=2)
     with pytest.raises(ValueError, match="a sliding window needs Qwen2's biases or, on every layer, Mistral's"):
         hf_decoder.config_to_hf(preset("llama-tiny", sliding_window=8, window_layers=(1,)))
     with pytest.raises(ValueError, match="activation_function 'relu'"):

@@ -80,7 +80,8 @@ class DecoderConfig(ConfigDtypes):
             raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
 
     def _check_window(self):
-        """Validates the window and normalises `window_layers` (sorted; None when it names every layer)."""
+        """Validates the window and normalises `window_layers` (sorted; None when it names every layer; no layer
+        windowed is no window)."""
         if self.sliding_window is None:
             if self.window_layers is not None:
                 raise ValueError(f"window_layers={self.window_layers} needs a sliding_window")
@@ -91,7 +92,10 @@ class DecoderConfig(ConfigDtypes):
             layers = tuple(sorted(set(self.window_layers)))
             if any(not 0 <= i < self.num_layers for i in layers):
                 raise ValueError(f"window_layers {self.window_layers} must be layer indices in [0, {self.num_layers})")
-            object.__setattr__(self, "window_layers", None if layers == tuple(range(self.num_layers)) else layers)
+            everything = layers == tuple(range(self.num_layers))
+            object.__setattr__(self, "window_layers", None if everything or not layers else layers)
+            if not layers:
+                object.__setattr__(self, "sliding_window", None)
 
     def layer_window(self, layer: int) -> int | None:
         """The attention window of layer `layer` (None: full causal attention)."""
