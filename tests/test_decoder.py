@@ -1,6 +1,8 @@
 """The decoder-only LM against transformers' PyTorch GPT-2, Llama (grouped-query attention, untied head, llama3
-rope) and Qwen2 (query/key/value biases, tied head, linear rope in the old config spelling), built locally with
-random weights; plus the checkpoint bridge and the KV-cache decoding API, both checked against transformers."""
+rope), Qwen2 (query/key/value biases, tied head, linear rope in the old config spelling), Mistral with a sliding
+window shorter than the sequences, and Qwen2 with a window on its upper layers only (`use_sliding_window`,
+`max_window_layers`), built locally with random weights; plus the checkpoint bridge and the KV-cache decoding API,
+both checked against transformers."""
 import functools
 import json
 import types
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 from _helpers import decode_step, greedy_generate, prefill
 from _helpers import padded_prompts as _prompts
-from _tolerance import ELEMENTWISE, NETWORK, PARITY, REORDER, assert_f32_close
+from _tolerance import ELEMENTWISE, NETWORK, PARITY, REORDER, assert_f32_close, tolerance
 from flax.linen import meta
 
 from refiner_jax.models import hf_decoder
@@ -38,8 +40,20 @@ HF_CONFIGS = {
         vocab_size=103, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=1, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=True,
         bos_token_id=1, eos_token_id=2, rope_parameters={"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0}),
+    # Windows of 4 and 3 tokens: the test prompts (up to 9 tokens, 11 and 14 with the decoded ones) run past them.
+    "mistral": lambda: transformers.MistralConfig(
+        vocab_size=91, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, rms_norm_eps=1e-5, sliding_window=4,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, rope_parameters={"rope_type": "default", "rope_theta": 100.0}),
+    "qwen2-window": lambda: transformers.Qwen2Config(
+        vocab_size=83, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        use_sliding_window=True, sliding_window=3, max_window_layers=1, bos_token_id=1, eos_token_id=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0}),
 }
-ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "mistral": "MistralForCausalLM", "qwen2-window": "Qwen2ForCausalLM"}
+WINDOWS = {"mistral": (4, 4), "qwen2-window": (None, 3, 3)}  # each layer's window (None: full attention)
 
 
 def _randomise(model, seed: int):
@@ -54,11 +68,8 @@ def _randomise(model, seed: int):
     return model.eval()
 
 
-@pytest.fixture(scope="module", params=sorted(HF_CONFIGS))
-def family(request, tmp_path_factory):
-    """A saved random transformers model, its reference instance, and our import of it."""
-    name = request.param
-    directory = tmp_path_factory.mktemp(name)
+def _import(name: str, directory) -> types.SimpleNamespace:
+    """A saved random transformers model `name` (HF_CONFIGS), its reference instance, and our import of it."""
     ref = _randomise(transformers.AutoModelForCausalLM.from_config(HF_CONFIGS[name]()), seed=len(name))
     ref.save_pretrained(directory)
     if name == "qwen2":
@@ -73,13 +84,35 @@ def family(request, tmp_path_factory):
     return types.SimpleNamespace(name=name, ref=ref, dir=directory, config=config, params=params)
 
 
+@pytest.fixture(scope="module", params=sorted(HF_CONFIGS))
+def family(request, tmp_path_factory):
+    return _import(request.param, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture(scope="module", params=sorted(WINDOWS))
+def windowed(request, tmp_path_factory):
+    """The families with sliding windows (Mistral; Qwen2 windowed from layer 1), as `family`."""
+    return _import(request.param, tmp_path_factory.mktemp(request.param))
+
+
 def _reference(ref, tokens, mask):
-    """transformers' logits and final hidden states, positions counting real tokens (as `generate` numbers them)."""
+    """transformers' logits and final hidden states, positions counting real tokens (as `generate` numbers them).
+
+    transformers measures a sliding window in slots, ours in real tokens: the same where a row's real tokens are
+    contiguous. So each row runs left-padded, transformers' convention (its real tokens moved to the end, in order),
+    and the outputs go back to the row's own slots.
+    """
+    order = np.argsort(mask, axis=1, kind="stable")  # padding slots first, then the real tokens in order
+    tokens, mask = np.take_along_axis(tokens, order, 1), np.take_along_axis(mask, order, 1)
     positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
     args = dict(input_ids=torch.tensor(tokens, dtype=torch.long), attention_mask=torch.tensor(mask, dtype=torch.long),
                 position_ids=torch.tensor(positions, dtype=torch.long))
     with torch.no_grad():
-        return ref(**args).logits.numpy(), ref.base_model(**args).last_hidden_state.numpy()
+        outputs = ref(**args).logits.numpy(), ref.base_model(**args).last_hidden_state.numpy()
+    results = tuple(np.empty_like(x) for x in outputs)
+    for result, x in zip(results, outputs):
+        np.put_along_axis(result, order[..., None], x, axis=1)
+    return results
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -96,7 +129,10 @@ _decode_step = jax.jit(decode_step, static_argnums=0)
 
 
 def test_logits_match_transformers(family):
-    assert family.config.num_kv_heads == {"gpt2": 4, "llama": 2, "qwen2": 1}[family.name]
+    assert family.config.num_kv_heads == {"gpt2": 4, "llama": 2, "qwen2": 1, "mistral": 2, "qwen2-window": 2}[
+        family.name]
+    windows = tuple(family.config.layer_window(i) for i in range(family.config.num_layers))
+    assert windows == WINDOWS.get(family.name, (None,) * family.config.num_layers)
     tokens, mask = _prompts(family.config.vocab_size, (9, 4, 6), "left")
     logits, hidden = _forward(family.config, family.params, tokens, mask)
     ref_logits, ref_hidden = _reference(family.ref, tokens, mask)
@@ -139,6 +175,43 @@ def test_cached_decoding_matches_transformers(family, padding):
         assert_f32_close(logits, ref_logits[:, mask.shape[1] + i], ulps=PARITY, scale=scale,
                          what=f"{family.name} decode step {i} logits ({padding} padding)")
     assert int(cache["index"]) == 11 and cache["position"].tolist() == [11, 7, 9]
+
+
+def test_sliding_window_matters_and_a_longer_one_is_full_attention(windowed, tmp_path):
+    """Rows of 9 to 12 tokens: with the window (3 or 4) our logits match transformers', and dropping the window
+    moves them by far more than the tolerance. A window longer than every row (64) matches transformers with that
+    window and equals full attention exactly."""
+    config, params = windowed.config, windowed.params
+    tokens, mask = _prompts(config.vocab_size, (12, 9, 10), "left", seed=4)
+    logits, _ = _forward(config, params, tokens, mask)
+    ref_logits, _ = _reference(windowed.ref, tokens, mask)
+    assert_f32_close(np.asarray(logits)[mask], ref_logits[mask], ulps=PARITY,
+                     what=f"{windowed.name} logits, window shorter than the rows")
+    full, _ = _forward(config.replace(sliding_window=None, window_layers=None), params, tokens, mask)
+    change = np.abs(np.asarray(full) - np.asarray(logits))[mask].max()
+    assert change > 1000 * tolerance(PARITY, np.abs(ref_logits[mask]).max()), change
+    long = config.replace(sliding_window=64)
+    long_ref = transformers.AutoModelForCausalLM.from_pretrained(windowed.dir, sliding_window=64).eval()
+    assert long_ref.config.sliding_window == 64
+    long_logits, _ = _forward(long, params, tokens, mask)
+    assert_f32_close(np.asarray(long_logits)[mask], _reference(long_ref, tokens, mask)[0][mask], ulps=PARITY,
+                     what=f"{windowed.name} logits, window longer than the rows")
+    np.testing.assert_array_equal(long_logits, full)
+
+
+def test_window_counts_the_real_tokens_of_padded_and_packed_rows(windowed):
+    """Right-padded rows, and two sequences packed in one row (`segment_ids`), give each sequence's logits alone."""
+    config, params = windowed.config, windowed.params
+    left, left_mask = _prompts(config.vocab_size, (9, 5, 7), "left", seed=6)
+    right, right_mask = _prompts(config.vocab_size, (9, 5, 7), "right", seed=6)
+    alone = np.asarray(_forward(config, params, left, left_mask)[0])[left_mask]  # rows' real tokens in order
+    assert_f32_close(np.asarray(_forward(config, params, right, right_mask)[0])[right_mask], alone, ulps=NETWORK,
+                     what=f"{windowed.name} right- vs left-padded windowed logits")
+    packed = np.concatenate([left[0], left[1][left_mask[1]], np.zeros(2, np.int32)])[None]
+    segments = np.repeat([1, 2, 0], (9, 5, 2))[None]
+    logits = Decoder(config).apply({"params": params}, jnp.asarray(packed), segment_ids=jnp.asarray(segments))
+    assert_f32_close(np.asarray(logits)[0, :14], alone[:14], ulps=NETWORK,
+                     what=f"{windowed.name} packed vs separate windowed logits")
 
 
 def test_greedy_generation_matches_transformers(family):
@@ -208,14 +281,86 @@ def test_rope_settings_from_old_and_new_config_keys(old, new):
     assert hf_decoder.config_from_hf(_llama_dict()).rope_theta == 10000.0  # transformers' default
 
 
+_SMALL = dict(vocab_size=11, hidden_size=16, intermediate_size=24, num_hidden_layers=3, num_attention_heads=2,
+              max_position_embeddings=128)
+
+
+@pytest.mark.parametrize("hf", [
+    dict(model_type="mistral", sliding_window=4096),  # Mistral-7B-v0.1's config
+    dict(model_type="mistral"),  # no key: transformers' default window
+    dict(model_type="mistral", sliding_window=None),
+    dict(model_type="qwen2", sliding_window=4096, max_window_layers=1),  # use_sliding_window false: no window
+    dict(model_type="qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=1),
+    dict(model_type="qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=0),
+    dict(model_type="qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=3),
+    dict(model_type="qwen2", use_sliding_window=True),  # defaults: window 4096 from layer 28 on, so none here
+    dict(model_type="qwen2", use_sliding_window=True, sliding_window=16,
+         layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+    dict(model_type="llama", sliding_window=16),  # Llama has no window
+], ids=lambda hf: "-".join(f"{k}={v}" for k, v in hf.items() if k != "layer_types"))
+def test_window_layers_follow_transformers_configs(hf):
+    """Each layer's window as transformers' config classes set it, and back through config_to_hf."""
+    ours = hf_decoder.config_from_hf(dict(_SMALL, **hf))
+    theirs = transformers.AutoConfig.for_model(**_SMALL, **hf)
+    window = getattr(theirs, "sliding_window", None)
+    if hf["model_type"] == "qwen2":
+        expected = [window if kind == "sliding_attention" else None for kind in theirs.layer_types]
+    else:
+        expected = [window if hf["model_type"] == "mistral" else None] * 3
+    assert [ours.layer_window(i) for i in range(3)] == expected
+    assert hf_decoder.config_from_hf(hf_decoder.config_to_hf(ours)) == ours
+
+
+def test_swish_is_silu():
+    from transformers.activations import ACT2FN
+
+    assert isinstance(ACT2FN["swish"], torch.nn.SiLU)
+    for model in ("llama", "mistral", "qwen2"):
+        silu = hf_decoder.config_from_hf(dict(_llama_dict(), model_type=model))
+        assert hf_decoder.config_from_hf(dict(_llama_dict(), model_type=model, hidden_act="swish")) == silu
+
+
+def test_param_dtype_from_a_bfloat16_checkpoint(tmp_path):
+    """`param_dtype="checkpoint"` keeps a bfloat16 checkpoint's dtype (float32, the default, otherwise)."""
+    ref = _randomise(transformers.AutoModelForCausalLM.from_config(HF_CONFIGS["mistral"]()), seed=3)
+    ref.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    config, params = hf_decoder.load_decoder(tmp_path / "bf16", param_dtype="checkpoint")
+    default, float32 = hf_decoder.load_decoder(tmp_path / "bf16")
+    assert (config.param_dtype, default.param_dtype) == ("bfloat16", "float32")
+    assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype("bfloat16")}
+    assert {x.dtype for x in jax.tree.leaves(float32)} == {np.dtype("float32")}
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a, np.float32), b), params, float32)
+    np.testing.assert_array_equal(np.asarray(params["token_embedder"], np.float32),
+                                  ref.model.embed_tokens.weight.detach().float().numpy())
+    ref.float().save_pretrained(tmp_path / "f32")
+    assert hf_decoder.load_decoder(tmp_path / "f32", param_dtype="checkpoint")[0].param_dtype == "float32"
+    assert [hf_decoder.checkpoint_dtype(hf) for hf in ({"torch_dtype": "float16"}, {"dtype": "auto"}, {})] == [
+        "float16", "float32", "float32"]
+
+
 def test_unsupported_configs_are_rejected():
     with pytest.raises(ValueError, match="unsupported model_type 'falcon'.*gpt2, llama, mistral, qwen2"):
         hf_decoder.config_from_hf({"model_type": "falcon"})
     with pytest.raises(ValueError, match="rope type 'yarn'.*default, linear, llama3"):
         hf_decoder.config_from_hf(_llama_dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}))
-    with pytest.raises(ValueError, match="sliding_window=4096"):
-        hf_decoder.config_from_hf(dict(_llama_dict(), model_type="mistral", sliding_window=4096))
     assert hf_decoder.config_from_hf(dict(_llama_dict(), model_type="mistral", sliding_window=None)).qkv_bias is False
+    with pytest.raises(ValueError, match="hidden_act 'gelu'.*silu"):
+        hf_decoder.config_from_hf(dict(_llama_dict(), hidden_act="gelu"))
+    qwen2 = dict(_llama_dict(), model_type="qwen2", num_hidden_layers=2)
+    with pytest.raises(ValueError, match="layer_types.*'full_attention' or 'sliding_attention'"):
+        hf_decoder.config_from_hf(dict(qwen2, use_sliding_window=True, layer_types=["chunked_attention"] * 2))
+    with pytest.raises(ValueError, match="sliding_attention layers but the config sets no window"):
+        hf_decoder.config_from_hf(dict(qwen2, layer_types=["full_attention", "sliding_attention"]))
+    with pytest.raises(ValueError, match="sliding_window must be positive"):
+        DecoderConfig(sliding_window=0)
+    with pytest.raises(ValueError, match="window_layers"):
+        DecoderConfig(num_layers=2, sliding_window=4, window_layers=(2,))
+    with pytest.raises(ValueError, match="needs a sliding_window"):
+        DecoderConfig(window_layers=(0,))
+    assert DecoderConfig(num_layers=2, sliding_window=4, window_layers=()) == DecoderConfig(num_layers=2)
+    with pytest.raises(ValueError, match="a sliding window needs Qwen2's biases or, on every layer, Mistral's"):
+        hf_decoder.config_to_hf(preset("llama-tiny", sliding_window=8, window_layers=(1,)))
     with pytest.raises(ValueError, match="activation_function 'relu'"):
         hf_decoder.config_from_hf({"model_type": "gpt2", "activation_function": "relu"})
     with pytest.raises(ValueError, match="num_kv_heads"):

@@ -1,5 +1,7 @@
 """`sample_decoder` (prefill once, then the shared sampling loop) against transformers' `generate` and teacher-forced
-log-probs on a PyTorch GPT-2 and Llama (grouped-query attention) built locally with random weights; against the
+log-probs on a PyTorch GPT-2, Llama (grouped-query attention) and Mistral (a sliding window of 4 tokens, shorter than
+the prompts plus their continuations) built locally with random weights, and on an instruct-style checkpoint whose
+`generation_config.json` lists two end tokens; against the
 same model fed its prompt token by token through `sampling.sample`; and split over a mesh of 2 host devices. Also
 `sampling.sample`'s `first_logits` start against its prompt-feeding path, on a stub model."""
 import json
@@ -24,7 +26,7 @@ LENGTHS = (7, 2, 5, 4)  # real tokens of the 4 prompts, left-padded to 7
 MAX_NEW = 8
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama"])
+@pytest.fixture(scope="module", params=["gpt2", "llama", "mistral"])
 def family(request, tmp_path_factory):
     """A random transformers model (the configs and weights of test_decoder) and our import of it."""
     transformers = pytest.importorskip("transformers")
@@ -76,6 +78,42 @@ def test_greedy_equals_transformers_generate_with_several_eos_ids(family):
         ended = lengths < MAX_NEW
         assert not ended.any() if min_new else ended.any()
         assert np.isin(ours[np.arange(4), lengths - 1][ended], config.eos_ids).all()
+
+
+def test_generation_config_end_tokens_stop_where_transformers_stops(tmp_path):
+    """An instruct-style checkpoint: config.json ends at A, generation_config.json at A or B and pads with P. Loaded,
+    our greedy rows stop at either end token and pad with P, where transformers' `generate` (reading the same file)
+    does; config.json's end token alone would not stop row 0 at B."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from test_decoder import HF_CONFIGS, _randomise
+
+    _randomise(transformers.AutoModelForCausalLM.from_config(HF_CONFIGS["mistral"]()), seed=11).save_pretrained(tmp_path)
+    plain, params = hf_decoder.load_decoder(tmp_path)
+    tokens, mask = padded_prompts(plain.vocab_size, LENGTHS, "left", seed=2)
+
+    def greedy(config):
+        out = sample_decoder(params, tokens, jax.random.key(0), config=config, max_new_tokens=MAX_NEW,
+                             temperature=0.0, prompt_mask=mask)
+        return np.asarray(out.tokens[:, 0]), np.asarray(out.lengths[:, 0])
+
+    free, _ = greedy(plain.replace(eos_id=()))
+    end_a, end_b, pad = plain.eos_id, int(free[0, 2]), 5  # B: what row 0 first emits at step 2
+    assert end_b not in free[0, :2] and end_a not in free[0, :3] and end_b != end_a, free
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 1, "eos_token_id": [end_a, end_b], "pad_token_id": pad}))
+    config, _ = hf_decoder.load_decoder(tmp_path)
+    assert (config.eos_ids, config.pad_id, plain.eos_ids) == ((end_a, end_b), pad, (end_a,))
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        theirs = ref.generate(input_ids=torch.tensor(tokens, dtype=torch.long), max_new_tokens=MAX_NEW,
+                              attention_mask=torch.tensor(mask, dtype=torch.long), do_sample=False)
+    theirs = theirs[:, tokens.shape[1]:].numpy()
+    ours, lengths = greedy(config)
+    print(f"generation_config end tokens {config.eos_ids}: ours {ours.tolist()}, transformers {theirs.tolist()}")
+    np.testing.assert_array_equal(ours[:, :theirs.shape[1]], theirs)
+    assert (ours[:, theirs.shape[1]:] == pad).all() and (ours[0, 3:] == pad).all()
+    assert lengths[0] == 3 and greedy(plain)[1][0] > 3
 
 
 def _teacher_forced_log_probs(ref, tokens, mask, new):

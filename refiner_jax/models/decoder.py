@@ -6,7 +6,8 @@ One `Decoder` covers both families through `DecoderConfig`:
     RMSNorm, SwiGLU MLP, grouped-query attention (`num_kv_heads` < `num_heads`), no biases except Qwen2's on
     query/key/value, tied or untied output layer; rotary frequencies optionally rescaled ('linear', 'llama3').
 Both are pre-norm with a final norm and scale attention logits by head_dim**-0.5. Norm statistics, softmax and
-logits are float32.
+logits are float32. Layers with a sliding window (Mistral, Qwen2; `DecoderConfig.layer_window`) attend to the last
+`window` real tokens only, in every entry point; the KV cache stays full-length and masks the older slots.
 
 Entry points (pure `model.apply` methods):
   `__call__`       teacher-forced next-token logits `[batch, len, vocab]`;
@@ -88,10 +89,10 @@ def _bias(visible: Array) -> Array:
     return jnp.where(visible, 0.0, MASK_VALUE).astype(jnp.float32)[:, None]
 
 
-def _causal_bias(mask: Array) -> Array:
-    """Bias `[batch, 1, len, len]` letting each token see itself and the earlier real tokens (`mask` [batch, len])."""
+def _causal_visible(mask: Array) -> Array:
+    """`[batch, len, len]` bool: each token sees itself and the earlier real tokens (`mask` [batch, len])."""
     length = mask.shape[1]
-    return _bias(jnp.tril(jnp.ones((length, length), bool))[None] & mask[:, None, :])
+    return jnp.tril(jnp.ones((length, length), bool))[None] & mask[:, None, :]
 
 
 def _segment_positions(segments: Array) -> Array:
@@ -101,11 +102,25 @@ def _segment_positions(segments: Array) -> Array:
     return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
 
 
-def _segment_bias(segments: Array) -> Array:
-    """Bias `[batch, 1, len, len]`: each token sees itself and the earlier tokens of its own segment (id > 0)."""
+def _segment_visible(segments: Array) -> Array:
+    """`[batch, len, len]` bool: each token sees itself and the earlier tokens of its own segment (id > 0)."""
     length = segments.shape[1]
     same = (segments[:, :, None] == segments[:, None, :]) & (segments[:, None, :] > 0)
-    return _bias(jnp.tril(jnp.ones((length, length), bool))[None] & same)
+    return jnp.tril(jnp.ones((length, length), bool))[None] & same
+
+
+def _layer_biases(config: DecoderConfig, visible: Array, query_counts: Array, key_counts: Array) -> list[Array]:
+    """Each layer's attention bias from `visible` [batch, q, k]; a windowed layer (`config.layer_window`) also
+    drops the keys `window` or more real tokens before the query. `query_counts` [batch, q] and `key_counts`
+    [batch, k] number the real tokens of a row (or the tokens of a segment) in order, so a distance counts real
+    tokens only, as transformers counts left-padded rows and packed sequences."""
+    biases: dict[int | None, Array] = {}
+    for i in range(config.num_layers):
+        window = config.layer_window(i)
+        if window not in biases:
+            near = True if window is None else query_counts[:, :, None] - key_counts[:, None, :] < window
+            biases[window] = _bias(visible & near)
+    return [biases[config.layer_window(i)] for i in range(config.num_layers)]
 
 
 class Norm(nn.Module):
@@ -286,13 +301,15 @@ class Decoder(nn.Module):
         """
         if segment_ids is not None:
             positions = _segment_positions(segment_ids) if positions is None else positions
-            bias = _segment_bias(segment_ids)
+            visible = _segment_visible(segment_ids)
+            counts = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)  # segments are contiguous
         else:
             mask = jnp.ones(tokens.shape, bool) if attention_mask is None else attention_mask.astype(bool)
             positions = _positions(mask) if positions is None else positions
-            bias = _causal_bias(mask)
+            visible, counts = _causal_visible(mask), jnp.cumsum(mask, axis=1)
+        biases = _layer_biases(self.config, visible, counts, counts)
         x = self.dropout(self._embed(tokens, positions), deterministic=deterministic)
-        for layer in self.layers:
+        for layer, bias in zip(self.layers, biases):
             x, _ = layer(x, positions, bias, deterministic, None, None)
         return self.final_norm(x)
 
@@ -315,10 +332,11 @@ class Decoder(nn.Module):
         mask = mask.astype(bool)
         positions = _positions(mask)
         length = tokens.shape[1]
-        bias = _causal_bias(mask)
+        counts = jnp.cumsum(mask, axis=1)
+        biases = _layer_biases(self.config, _causal_visible(mask), counts, counts)
         x = self._embed(tokens, positions)
         layers = []
-        for layer, layer_cache in zip(self.layers, cache["layers"]):
+        for layer, layer_cache, bias in zip(self.layers, cache["layers"], biases):
             x, kv = layer(x, positions, bias, True, None, None)
             layers.append({name: jax.lax.dynamic_update_slice(layer_cache[name], kv[name].astype(
                 layer_cache[name].dtype), (0, 0, 0, 0)) for name in ("k", "v")})
@@ -332,10 +350,11 @@ class Decoder(nn.Module):
         """Logits `[batch, vocab]` after one more token per row (`token` [batch]), and the updated cache."""
         index, position = cache["index"], cache["position"]
         valid = jax.lax.dynamic_update_slice(cache["valid"], jnp.ones((token.shape[0], 1), bool), (0, index))
-        bias = _bias(valid[:, None, :])  # [batch, 1, 1, max_len]
+        # [batch, 1, 1, max_len] per layer; the new token is real token number position + 1 of its row.
+        biases = _layer_biases(self.config, valid[:, None, :], position[:, None] + 1, jnp.cumsum(valid, axis=1))
         x = self._embed(token[:, None], position[:, None])
         layers = []
-        for layer, layer_cache in zip(self.layers, cache["layers"]):
+        for layer, layer_cache, bias in zip(self.layers, cache["layers"], biases):
             x, kv = layer(x, position[:, None], bias, True, layer_cache, index)
             layers.append(kv)
         logits = self.logits(self.final_norm(x))[:, 0]

@@ -18,6 +18,10 @@ class DecoderConfig(ConfigDtypes):
 
     `num_kv_heads` and `head_dim` default (None) to `num_heads` and `d_model // num_heads`. Token ids come from the
     checkpoint's config; `eos_id` may be a tuple when a model has several end tokens.
+
+    Sliding-window attention (Mistral, Qwen2): with `sliding_window` set, a token of a windowed layer attends to
+    itself and the `sliding_window - 1` real tokens before it (transformers' `q - k < window`). `window_layers`
+    lists the windowed layers (None: every layer; Qwen2's layers from `max_window_layers` on).
     """
 
     vocab_size: int = 50257
@@ -50,6 +54,8 @@ class DecoderConfig(ConfigDtypes):
     pad_id: int | None = None
     bos_id: int | None = None
     eos_id: int | tuple[int, ...] | None = None
+    sliding_window: int | None = None
+    window_layers: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.num_kv_heads is None:
@@ -58,6 +64,7 @@ class DecoderConfig(ConfigDtypes):
             object.__setattr__(self, "head_dim", self.d_model // max(self.num_heads, 1))
         if isinstance(self.eos_id, list):
             object.__setattr__(self, "eos_id", tuple(self.eos_id))
+        self._check_window()
         choices = {"position": ("learned", "rope"), "rope_type": ROPE_TYPES, "norm": ("layernorm", "rmsnorm"),
                    "mlp": ("gelu", "swiglu"), "dtype": _DTYPES, "param_dtype": _DTYPES}
         for field, allowed in choices.items():
@@ -71,6 +78,30 @@ class DecoderConfig(ConfigDtypes):
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.position == "rope" and self.head_dim % 2:
             raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
+
+    def _check_window(self):
+        """Validates the window and normalises `window_layers` (sorted; None when it names every layer; no layer
+        windowed is no window)."""
+        if self.sliding_window is None:
+            if self.window_layers is not None:
+                raise ValueError(f"window_layers={self.window_layers} needs a sliding_window")
+            return
+        if self.sliding_window <= 0:
+            raise ValueError(f"DecoderConfig.sliding_window must be positive or None, got {self.sliding_window}")
+        if self.window_layers is not None:
+            layers = tuple(sorted(set(self.window_layers)))
+            if any(not 0 <= i < self.num_layers for i in layers):
+                raise ValueError(f"window_layers {self.window_layers} must be layer indices in [0, {self.num_layers})")
+            everything = layers == tuple(range(self.num_layers))
+            object.__setattr__(self, "window_layers", None if everything or not layers else layers)
+            if not layers:
+                object.__setattr__(self, "sliding_window", None)
+
+    def layer_window(self, layer: int) -> int | None:
+        """The attention window of layer `layer` (None: full causal attention)."""
+        if self.window_layers is None or layer in self.window_layers:
+            return self.sliding_window
+        return None
 
     @property
     def eos_ids(self) -> tuple[int, ...]:

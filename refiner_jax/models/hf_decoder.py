@@ -1,15 +1,17 @@
 """Import and export of transformers decoder-only checkpoints: GPT-2 (`GPT2LMHeadModel`) and the Llama family
-(`LlamaForCausalLM`, `Qwen2ForCausalLM`, and `MistralForCausalLM` without sliding-window attention).
+(`LlamaForCausalLM`, `Qwen2ForCausalLM` and `MistralForCausalLM`, sliding windows included).
 
-`load_decoder(name_or_dir)` reads `config.json` plus `model.safetensors` (single or sharded) or `pytorch_model.bin`
-into `(DecoderConfig, params)`; a preset or hub name is fetched only when the machine is online.
-`save_decoder(config, params, dir)` writes a directory that `AutoModelForCausalLM.from_pretrained` loads with no
-missing or unexpected keys: a GPT-2, a Qwen2 (biases on query/key/value only) or a Llama. The name map is
-explicit, one row per transformers tensor, and every mismatch names the tensor and the parameter.
+`load_decoder(name_or_dir)` reads `config.json` (with `generation_config.json`'s end and pad tokens when present)
+plus `model.safetensors` (single or sharded) or `pytorch_model.bin` into `(DecoderConfig, params)`; a preset or hub
+name is fetched only when the machine is online. `save_decoder(config, params, dir)` writes a directory that
+`AutoModelForCausalLM.from_pretrained` loads with no missing or unexpected keys: a GPT-2, a Qwen2 (biases on
+query/key/value only), a Mistral (no biases, a window on every layer) or a Llama. The name map is explicit, one row
+per transformers tensor, and every mismatch names the tensor and the parameter.
 """
 from __future__ import annotations
 
 import functools
+import json
 import os
 import pathlib
 from typing import Callable
@@ -63,22 +65,46 @@ def config_from_hf(hf: dict) -> DecoderConfig:
             position="learned", norm="layernorm", norm_eps=hf.get("layer_norm_epsilon", 1e-5), mlp="gelu",
             qkv_bias=True, out_bias=True, mlp_bias=True, tie_embeddings=hf.get("tie_word_embeddings", True),
             dropout_rate=hf.get("resid_pdrop", 0.1), **tokens)
-    if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r} for {model_type}; supported: silu")
-    sliding = hf.get("sliding_window") if model_type == "mistral" or hf.get("use_sliding_window") else None
-    if sliding is not None:
-        raise ValueError(f"{model_type} config uses sliding-window attention (sliding_window={sliding}), which "
-                         "refiner_jax's decoder does not implement")
+    if hf.get("hidden_act", "silu") not in ("silu", "swish"):
+        raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r} for {model_type}; supported: silu (swish)")
     heads = hf["num_attention_heads"]
-    bias = hf.get("attention_bias", False)
+    # transformers' Mistral and Qwen2 ignore attention_bias and mlp_bias (Qwen2 always has query/key/value biases).
+    bias = hf.get("attention_bias", False) if model_type == "llama" else False
     return DecoderConfig(
         vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], num_layers=hf["num_hidden_layers"], num_heads=heads,
         num_kv_heads=hf.get("num_key_value_heads") or heads, head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
         d_ff=hf["intermediate_size"], max_positions=hf.get("max_position_embeddings", 2048), norm="rmsnorm",
         norm_eps=hf.get("rms_norm_eps", 1e-6), mlp="swiglu", qkv_bias=model_type == "qwen2" or bias,
-        out_bias=model_type != "qwen2" and bias, mlp_bias=hf.get("mlp_bias", False),
+        out_bias=model_type != "qwen2" and bias, mlp_bias=model_type == "llama" and hf.get("mlp_bias", False),
         tie_embeddings=hf.get("tie_word_embeddings", False), dropout_rate=hf.get("attention_dropout", 0.0),
-        position="rope", **_rope_fields(hf), **tokens)
+        position="rope", **_rope_fields(hf), **_window_fields(hf), **tokens)
+
+
+def _window_fields(hf: dict) -> dict:
+    """`sliding_window` and `window_layers` as transformers reads them: Mistral windows every layer (its default
+    window is 4096 when the key is absent; null turns it off); Qwen2 only with `use_sliding_window`, on the layers
+    `layer_types` marks 'sliding_attention', else on those from `max_window_layers` (default 28) on. Llama has no
+    window."""
+    if hf["model_type"] == "mistral":
+        return dict(sliding_window=hf.get("sliding_window", 4096))
+    if hf["model_type"] != "qwen2":
+        return {}
+    window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window", False) else None
+    layers = hf["num_hidden_layers"]
+    types = hf.get("layer_types")
+    if types is None:
+        windowed = tuple(range(hf.get("max_window_layers", 28), layers)) if window is not None else ()
+    else:
+        unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+        if unknown or len(types) != layers:
+            raise ValueError(f"qwen2 layer_types {types} unsupported: expected {layers} entries, each "
+                             "'full_attention' or 'sliding_attention'")
+        windowed = tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
+        if windowed and window is None:
+            raise ValueError("qwen2 layer_types marks sliding_attention layers but the config sets no window "
+                             "(use_sliding_window false or sliding_window null); set both or mark every layer "
+                             "full_attention")
+    return dict(sliding_window=window, window_layers=windowed) if windowed else {}
 
 
 def _rope_fields(hf: dict) -> dict:
@@ -105,18 +131,23 @@ def _rope_fields(hf: dict) -> dict:
 
 
 def model_type(config: DecoderConfig) -> str:
-    """The transformers architecture `config` is: 'gpt2', 'qwen2' or 'llama'; raises when it is none of them."""
+    """The transformers architecture `config` is: 'gpt2', 'qwen2', 'mistral' (a window, no biases) or 'llama';
+    raises when it is none of them."""
+    windowed = config.sliding_window is not None
     if (config.position, config.norm, config.mlp) == ("learned", "layernorm", "gelu"):
         if (config.qkv_bias and config.out_bias and config.mlp_bias and config.num_kv_heads == config.num_heads
-                and config.head_dim * config.num_heads == config.d_model):
+                and config.head_dim * config.num_heads == config.d_model and not windowed):
             return "gpt2"
     elif (config.position, config.norm, config.mlp) == ("rope", "rmsnorm", "swiglu"):
         if config.qkv_bias and not config.out_bias and not config.mlp_bias:
             return "qwen2"
-        if config.qkv_bias == config.out_bias:
+        if not windowed and config.qkv_bias == config.out_bias:
             return "llama"
+        if not (config.qkv_bias or config.out_bias or config.mlp_bias) and config.window_layers is None:
+            return "mistral"
     raise ValueError(f"this DecoderConfig matches no transformers architecture (GPT-2: learned positions, "
-                     f"layernorm, gelu, all biases; Llama/Qwen2: rope, rmsnorm, swiglu): {config}")
+                     f"layernorm, gelu, all biases; Llama/Qwen2/Mistral: rope, rmsnorm, swiglu; a sliding window "
+                     f"needs Qwen2's biases or, on every layer, Mistral's none): {config}")
 
 
 def config_to_hf(config: DecoderConfig) -> dict:
@@ -137,7 +168,8 @@ def config_to_hf(config: DecoderConfig) -> dict:
     if config.rope_type == "llama3":
         rope.update(low_freq_factor=config.rope_low_freq_factor, high_freq_factor=config.rope_high_freq_factor,
                     original_max_position_embeddings=config.rope_original_max_positions)
-    hf = dict(common, architectures=["Qwen2ForCausalLM" if kind == "qwen2" else "LlamaForCausalLM"],
+    architecture = {"qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}.get(kind, "LlamaForCausalLM")
+    hf = dict(common, architectures=[architecture],
               hidden_size=config.d_model, intermediate_size=config.d_ff, num_hidden_layers=config.num_layers,
               num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
               head_dim=config.head_dim, max_position_embeddings=config.max_positions, rms_norm_eps=config.norm_eps,
@@ -145,7 +177,14 @@ def config_to_hf(config: DecoderConfig) -> dict:
               # Both spellings, for transformers 4 and 5 alike.
               rope_theta=config.rope_theta, rope_scaling=None if config.rope_type == "default" else rope)
     if kind == "qwen2":
-        return dict(hf, use_sliding_window=False, sliding_window=None)
+        if config.sliding_window is None:
+            return dict(hf, use_sliding_window=False, sliding_window=None)
+        windowed = [config.layer_window(i) is not None for i in range(config.num_layers)]
+        return dict(hf, use_sliding_window=True, sliding_window=config.sliding_window,
+                    max_window_layers=windowed.index(True) if any(windowed) else config.num_layers,
+                    layer_types=["sliding_attention" if w else "full_attention" for w in windowed])
+    if kind == "mistral":
+        return dict(hf, sliding_window=config.sliding_window)
     return dict(hf, attention_bias=config.qkv_bias, mlp_bias=config.mlp_bias)
 
 
@@ -257,13 +296,36 @@ def state_dict_from_params(config: DecoderConfig, params: dict) -> dict[str, np.
             for theirs, ours, to_hf, _ in name_map(config)}
 
 
+def generation_tokens(directory: pathlib.Path) -> dict:
+    """`eos_id` and `pad_id` from the directory's `generation_config.json` (those it sets), which transformers'
+    `generate` uses over config.json's: an instruct checkpoint often lists several end tokens there."""
+    path = directory / "generation_config.json"
+    if not path.is_file():
+        return {}
+    generation = json.loads(path.read_text())
+    fields = {"eos_id": generation.get("eos_token_id"), "pad_id": generation.get("pad_token_id")}
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def checkpoint_dtype(hf: dict) -> str:
+    """The parameter dtype config.json records (`dtype`, or transformers 4's `torch_dtype`); float32 when it names
+    none of bfloat16, float16, float32."""
+    name = str(hf.get("dtype") or hf.get("torch_dtype") or "float32").removeprefix("torch.")
+    return name if name in ("bfloat16", "float16", "float32") else "float32"
+
+
 def load_decoder(name_or_dir: str | os.PathLike, **config_overrides) -> tuple[DecoderConfig, dict]:
     """(config, params) from a transformers checkpoint directory, a preset name or a hub name (online only).
 
-    `config_overrides` change numerics fields such as `dtype`, `param_dtype`, `dropout_rate` or `remat`.
+    `config_overrides` change numerics fields such as `dtype`, `param_dtype`, `dropout_rate` or `remat`;
+    `param_dtype="checkpoint"` keeps the dtype the checkpoint was saved in (`checkpoint_dtype`). The end and pad
+    tokens of `generation_config.json`, when present, win over config.json's.
     """
     directory = resolve_checkpoint(HUB_NAMES.get(str(name_or_dir), name_or_dir))
-    config = config_from_hf(read_config(directory)).replace(**config_overrides)
+    hf = read_config(directory)
+    if config_overrides.get("param_dtype") == "checkpoint":
+        config_overrides["param_dtype"] = checkpoint_dtype(hf)
+    config = config_from_hf(hf).replace(**{**generation_tokens(directory), **config_overrides})
     return config, params_from_state_dict(config, read_state_dict(directory))
 
 
