@@ -88,7 +88,8 @@ def test_generation_config_end_tokens_stop_where_transformers_stops(tmp_path):
     import torch
     from test_decoder import HF_CONFIGS, _randomise
 
-    _randomise(transformers.AutoModelForCausalLM.from_config(HF_CONFIGS["mistral"]()), seed=11).save_pretrained(tmp_path)
+    ref = _randomise(transformers.AutoModelForCausalLM.from_config(HF_CONFIGS["mistral"]()), seed=11)
+    ref.save_pretrained(tmp_path)
     plain, params = hf_decoder.load_decoder(tmp_path)
     tokens, mask = padded_prompts(plain.vocab_size, LENGTHS, "left", seed=2)
 
