@@ -51,7 +51,9 @@ def base_config() -> ml_collections.ConfigDict:
     # reward models, expert iteration, K-sample selection (`runs.reward_run`).
     c.pipeline = "refiner"
 
-    c.task = ml_collections.ConfigDict({"name": "mwp", "data_dir": "", "options": {}})
+    # `extra_problems`: that many problems of the task's generator (disjoint from every split) join the training
+    # problems of every model of the run alike; 0, as in both papers, trains every model on the training split only.
+    c.task = ml_collections.ConfigDict({"name": "mwp", "data_dir": "", "options": {}, "extra_problems": 0})
     # subword: trained on the run's own training texts (saved in the workdir), with punctuation split from words
     # and numbers when `split_punctuation`; byte: no files; hf: `path` names a transformers tokenizer directory (or
     # hub name when online).
@@ -183,6 +185,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
          "an hf tokenizer needs a directory or hub name in tokenizer.path")
     need(c.tokenizer.kind != "subword" or c.tokenizer.vocab_size >= 300, "tokenizer.vocab_size",
          f"{c.tokenizer.vocab_size} is too small for a subword vocabulary (bytes alone need 259); use >= 300")
+    need(c.task.extra_problems >= 0, "task.extra_problems", "must be >= 0 (generated problems added to training)")
     family = c.model.get("family", "t5")
     need(family in FAMILIES, "model.family", f"{family!r} is not a model family; use one of {FAMILIES}")
     presets = PRESETS[family]
