@@ -137,6 +137,9 @@ def base_config() -> ml_collections.ConfigDict:
         "eval_examples": 300})
     c.checkpoint = ml_collections.ConfigDict({"every": 200, "keep": 2})
     c.log_every = 50
+    # A batch whose loss or gradient is NaN or inf is skipped (no update); this many skips in a row stop the stage
+    # with an error naming its last checkpoint. Read at logging, evaluation and checkpoint steps.
+    c.max_nonfinite_skips = 10
     return c
 
 
@@ -279,6 +282,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     need(c.checkpoint.every >= 1, "checkpoint.every", "must be >= 1 (training steps between checkpoints)")
     need(c.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1 (latest checkpoints to keep)")
     need(c.log_every >= 1, "log_every", "must be >= 1 (training steps between logged metrics)")
+    need(c.max_nonfinite_skips >= 1, "max_nonfinite_skips",
+         "must be >= 1 (skipped non-finite updates in a row before a stage stops)")
     need(all(0.0 <= e <= 1.0 for e in c.eval.noise_levels), "eval.noise_levels", "must be probabilities")
     for axis in ("data", "fsdp", "tensor"):
         need(int(c.mesh[axis]) == -1 or int(c.mesh[axis]) >= 1, f"mesh.{axis}", "must be a positive size or -1")

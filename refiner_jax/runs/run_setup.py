@@ -157,5 +157,6 @@ def setup(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ..
     log = MetricsLog(workdir)
     common = dict(workdir=workdir, model_config=model_config, tokenizer=tokenizer, mesh=mesh, rules=rules,
                   seed=config.seed, checkpoint_every=config.checkpoint.every, keep=config.checkpoint.keep,
-                  log=log, log_every=config.log_every, pack=config.model.pack)
+                  log=log, log_every=config.log_every, pack=config.model.pack,
+                  max_nonfinite_skips=config.max_nonfinite_skips)
     return Setup(task, splits, tokenizer, model_config, pretrained, mesh, rules, log, common)

@@ -30,6 +30,7 @@ from refiner_jax.models.decoder_config import DecoderConfig
 from refiner_jax.models.t5_config import T5Config
 from refiner_jax.tokenizers import Tokenizer
 from refiner_jax.training.data_order import EpochOrder
+from refiner_jax.training.nonfinite import SkipCounter
 from refiner_jax.training.optim import make_optimizer
 from refiner_jax.training.state import abstract_train_state, create_train_state, train_state_from_params
 from refiner_jax.training.steps import LossFn, make_train_step, pair_loss
@@ -108,10 +109,14 @@ def stage_done(workdir: str, name: str) -> dict | None:
 
 def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | DecoderConfig, tokenizer: Tokenizer, mesh,
                 seed: int, checkpoint_every: int, keep: int, log: MetricsLog, init_params: Any = None,
-                log_every: int = 50, rules: shd.Rules = shd.DEFAULT_RULES, pack: bool = False) -> dict[str, float]:
+                log_every: int = 50, rules: shd.Rules = shd.DEFAULT_RULES, pack: bool = False,
+                max_nonfinite_skips: int = 10) -> dict[str, float]:
     """Trains (or resumes) the stage to `spec.stage.steps` updates, exports the best parameters, marks it done.
     `rules` map the model's logical axes to `mesh` (config.logical_axis_rules); `pack` packs a decoder-only LM's
-    text pairs several to a row (`LanguageModel.pair_batch`)."""
+    text pairs several to a row (`LanguageModel.pair_batch`). After `max_nonfinite_skips` updates in a row skipped
+    for a non-finite loss or gradient, the stage stops with `nonfinite.NonFiniteError`; the count is read at the
+    points that already wait for the device (logging, evaluation, checkpoints), so the stop comes at the first of
+    those at or after the limit."""
     stage = spec.stage
     lm = LanguageModel(model_config)
     model = spec.model or lm.module()
@@ -149,6 +154,7 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | Decod
     last_eval: dict[str, float] = {}
     best_value, stale = -float("inf"), 0  # early stopping, counted from this (re)start
     first_batch = True
+    skips = SkipCounter(spec.name, max_nonfinite_skips)
     while step < stage.steps:
         # Every process makes the same pairs (their sampling needs the same inputs everywhere), then feeds its rows.
         pairs = spec.make_pairs(state.params, order.next_indices(), step)
@@ -166,16 +172,21 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | Decod
         window_tokens += int(sum((batch[k] > 0).sum() for k in ("inputs", "targets", "tokens") if k in batch))
         rows = shd.host_batch_slice(len(next(iter(batch.values()))))
         state, metrics = train_step(state, shd.make_global_batch({k: v[rows] for k, v in batch.items()}, mesh, rules))
+        skips.add(metrics)
         step += 1
         progress.update(1)
-        if step % log_every == 0 or step == stage.steps:
-            host = {k: float(v) for k, v in jax.device_get(metrics).items()}  # waits for the queued steps
+        log_now = step % log_every == 0 or step == stage.steps
+        eval_now = step % stage.eval_every == 0 or step == stage.steps
+        if log_now or eval_now or checkpointer.should_save(step):
+            skipped = skips.check(step, checkpointer)  # waits for the queued steps; raises after too many skips
+        if log_now:
+            host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            host["nonfinite_skips"] = float(skipped)  # since the stage (re)started
             elapsed = max(time.time() - window_start, 1e-9)
             host.update(examples_per_s=window_examples / elapsed, tokens_per_s=window_tokens / elapsed)
             progress.set_postfix(loss=f"{host['loss']:.3f}", ex_s=f"{host['examples_per_s']:.0f}")
             log.write(spec.name, step, host)
             window_start, window_examples, window_tokens = time.time(), 0, 0
-        eval_now = step % stage.eval_every == 0 or step == stage.steps
         if eval_now:
             eval_start = time.time()
             last_eval = {k: float(v) for k, v in spec.evaluate(state.params).items()}

@@ -1,7 +1,7 @@
 """The training state (one pytree) and its sharded, born-sharded creation.
 
 ``TrainState`` holds everything a resumed run needs besides the data position: parameters, optimizer state, the
-number of updates applied, and the base PRNG key (per-step keys are ``fold_in(rng, step)``, so the random stream
+number of batches trained on, and the base PRNG key (per-step keys are ``fold_in(rng, step)``, so the random stream
 resumes exactly). It carries no functions, so it checkpoints and restores as plain data; the optimizer ``tx`` and
 the model's ``apply`` are passed to the step builders instead.
 """
@@ -25,7 +25,7 @@ InitParams = Callable[[jax.Array], Any]  # PRNG key -> params tree (leaves may b
 
 @flax.struct.dataclass
 class TrainState:
-    step: jax.Array  # int32 scalar: optimizer updates applied so far
+    step: jax.Array  # int32 scalar: batches trained on so far (a skipped non-finite one too: `make_train_step`)
     params: Any
     opt_state: Any
     rng: jax.Array  # typed PRNG key (base of the per-step dropout keys)

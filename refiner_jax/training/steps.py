@@ -258,9 +258,15 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, mesh: Mes
     kept in the parameters' sharding), so peak activation memory is that of one microbatch and the result equals the
     full-batch step (dropout aside: each microbatch draws its own mask). Dropout keys are
     ``fold_in(fold_in(state.rng, state.step), microbatch)`` (by hand, below, the shard's index is folded in between),
-    deterministic and resumable. ``metrics`` holds the means from ``mean_metrics``, ``grad_norm`` (before clipping)
-    and, when ``schedule`` is given, ``learning_rate``. The input state is donated (its buffers are reused); do not
-    touch it after the call.
+    deterministic and resumable. ``metrics`` holds the means from ``mean_metrics``, ``grad_norm`` (before clipping),
+    ``nonfinite_skips`` and, when ``schedule`` is given, ``learning_rate``. The input state is donated (its buffers
+    are reused); do not touch it after the call.
+
+    A batch whose loss, gradient norm or update is not finite (NaN or inf) changes nothing: parameters and optimizer
+    state keep their values bit for bit (a select inside the program, no host sync) and ``nonfinite_skips`` is 1
+    instead of 0. ``state.step`` still advances, so it counts batches consumed: the data order and dropout keys move
+    on past the bad batch, while the optimizer's own count (its schedule position, Adam's bias correction) counts
+    only the updates applied. `training.loop` stops a stage after too many skips in a row.
 
     Pure data parallelism (``data > 1``, every parameter whole on every device) runs by hand: each data shard
     computes its gradient and metric sums inside a ``shard_map``, with its dropout key folded with the shard's
@@ -322,12 +328,18 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, mesh: Mes
         denom = jnp.maximum(sums["tokens"], 1.0)
         grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, state.params)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
         metrics = mean_metrics(sums)
         metrics["grad_norm"] = optax.global_norm(grads)
+        # The whole batch's reduced loss and gradient (every shard and microbatch added), and the update itself.
+        finite = (jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+                  & jnp.isfinite(optax.global_norm(updates)))
+        params = optax.apply_updates(state.params, updates)
+        keep_old = functools.partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
+        metrics["nonfinite_skips"] = jnp.where(finite, 0.0, 1.0)
         if schedule is not None:
             metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
-        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+        new_state = state.replace(step=state.step + 1, params=keep_old(params, state.params),
+                                  opt_state=keep_old(opt_state, state.opt_state))
         return new_state, metrics
 
     jitted = jax.jit(step_fn, in_shardings=(state_shardings, batch_sh),
