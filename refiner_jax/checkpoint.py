@@ -7,7 +7,9 @@ Layout of a run directory managed by ``Checkpointer``::
     <directory>/<step>/metrics/  the validation metrics passed at save time (used for best-checkpoint retention)
 
 Saves are asynchronous (training continues while arrays are written) and atomic: a step directory appears only
-once complete, and leftovers of a save interrupted by a crash are removed on the next start. Restoring reads into
+once complete, and leftovers of a save interrupted by a crash are removed on the next start. A latest checkpoint
+damaged afterwards (a truncated or unreadable file) is reported by ``restore``, which falls back to the newest one
+that reads and moves the damaged ones to ``<directory>.damaged/<step>``. Restoring reads into
 ``jax.ShapeDtypeStruct``s that carry the *target* shardings, so a checkpoint written on one mesh loads onto any other
 mesh or device count (``training.state.abstract_train_state`` builds that target).
 
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import warnings
 from typing import Any
 
 import jax
@@ -31,6 +35,14 @@ _POLICIES = ocp.checkpoint_managers
 
 def _restore_args(target: Any) -> Any:
     return ocp.checkpoint_utils.construct_restore_args(target)
+
+
+class DamagedCheckpointWarning(UserWarning):
+    """The latest checkpoint could not be read; an older one was restored instead."""
+
+
+class NoReadableCheckpointError(RuntimeError):
+    """No checkpoint of a directory could be read into the restore target."""
 
 
 class Checkpointer:
@@ -105,12 +117,54 @@ class Checkpointer:
 
     def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
         """``(state, extra)`` of ``step`` (default: latest), with arrays laid out as the ShapeDtypeStructs of
-        ``target`` say (shape, dtype, sharding) - e.g. ``abstract_train_state(...)[0]`` for the current mesh."""
-        step = self._step_or_latest(step)
+        ``target`` say (shape, dtype, sharding) - e.g. ``abstract_train_state(...)[0]`` for the current mesh.
+
+        Without ``step``, a latest checkpoint that cannot be read (a truncated or missing file) is reported with a
+        `DamagedCheckpointWarning` and the next older one is tried; once one reads, the unreadable newer ones are
+        moved to ``<directory>.damaged/`` (so training saves those steps afresh). When none reads, nothing is moved
+        and `NoReadableCheckpointError` names every step's error."""
+        if step is not None:
+            return self._restore(self._step_or_latest(step), target)
+        failed = []
+        for candidate in sorted(self._manager.all_steps(), reverse=True):
+            try:
+                restored = self._restore(candidate, target)
+            except Exception as e:  # orbax and tensorstore raise ValueError, OSError, KeyError, JSON errors
+                failed.append((candidate, e))
+                warnings.warn(f"checkpoint step {candidate} at {os.path.join(self.directory, str(candidate))} "
+                              f"cannot be read ({type(e).__name__}: {_first_line(e)}); trying the one before it",
+                              DamagedCheckpointWarning, stacklevel=2)
+                continue
+            self._set_aside([s for s, _ in failed])
+            return restored
+        if not failed:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        raise NoReadableCheckpointError(
+            f"no checkpoint in {self.directory} can be read: "
+            + "; ".join(f"step {s}: {type(e).__name__}: {_first_line(e)}" for s, e in failed)
+            + ". If they were written by another model or config, rerun with that config; if they are damaged, "
+            f"move {self.directory} away to start the stage over")
+
+    def _restore(self, step: int, target: Any) -> tuple[Any, dict[str, Any]]:
         args = ocp.args.Composite(state=ocp.args.PyTreeRestore(item=target, restore_args=_restore_args(target)),
                                   extra=ocp.args.JsonRestore())
         restored = self._manager.restore(step, args=args)
         return restored.state, dict(restored.extra or {})
+
+    def _set_aside(self, steps: list[int]) -> None:
+        """Moves the step directories of ``steps`` to ``<directory>.damaged/`` and forgets them."""
+        if not steps:
+            return
+        if shd.is_main_process():
+            aside = self.directory + ".damaged"
+            os.makedirs(aside, exist_ok=True)
+            for step in steps:
+                destination = os.path.join(aside, str(step))
+                if os.path.exists(destination):
+                    shutil.rmtree(destination)
+                os.replace(os.path.join(self.directory, str(step)), destination)
+        shd.sync_processes("damaged checkpoints set aside")
+        self._manager.reload()
 
     def restore_params(self, target: Any, step: int | None = None) -> Any:
         """Only the ``params`` of a saved TrainState (no optimizer state is read): for fine-tuning with a fresh
@@ -152,6 +206,10 @@ class Checkpointer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [""])[0][:300]
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -1,11 +1,14 @@
 """Checkpointing: retention (keep-last-N + best-by-metric), params-only export, restore onto another mesh, the
-resumable data order, and a SIGKILLed training run that resumes to the same parameters as an uninterrupted one.
+resumable data order, a damaged latest checkpoint that falls back to the one before, and a SIGKILLed training run
+that resumes to the same parameters as an uninterrupted one.
 
 Multi-device checks run in subprocesses with virtual CPU devices (XLA_FLAGS must be set before JAX starts).
 """
+import glob
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +26,8 @@ from _devices import run_report  # noqa: E402
 from _tolerance import REORDER, assert_f32_close  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from refiner_jax.checkpoint import Checkpointer, export_params, load_params  # noqa: E402
+from refiner_jax.checkpoint import (Checkpointer, DamagedCheckpointWarning, NoReadableCheckpointError,  # noqa: E402
+                                    export_params, load_params)
 from refiner_jax.training import EpochOrder, TrainState  # noqa: E402
 
 WORKER = os.path.join(REPO, "tests", "_resume_worker.py")
@@ -145,6 +149,107 @@ def test_epoch_order_is_a_resumable_permutation():
     with pytest.raises(ValueError, match="batch_size=4"):
         EpochOrder(10, 4, seed=5).load_state_dict(saved)
     assert np.array_equal(EpochOrder(4, 2, shuffle=False).next_indices(), [0, 1])
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# A damaged latest checkpoint
+# ------------------------------------------------------------------------------------------------------------------
+
+
+class _ToyRun:
+    """The copy-reverse T5 run of tests/_resume_worker.py in this process, one device: one compiled step shared by
+    every run of the module."""
+
+    def __init__(self):
+        from _resume_worker import BATCH, NUM_EXAMPLES, VOCAB, toy_dataset
+
+        from refiner_jax import sharding as shd
+        from refiner_jax.models.t5 import T5
+        from refiner_jax.models.t5_config import preset
+        from refiner_jax.training import (abstract_train_state, create_train_state, make_optimizer, make_train_step,
+                                          seq2seq_loss)
+
+        self.data, self.batch, self.examples = toy_dataset(), BATCH, NUM_EXAMPLES
+        model = T5(preset("t5-tiny", num_layers=1, vocab_size=VOCAB, dropout_rate=0.1))
+        self.init = lambda k: model.init(k, jnp.ones((2, 10), jnp.int32), jnp.ones((2, 11), jnp.int32))["params"]
+        self.tx, schedule = make_optimizer(dict(name="adamw", learning_rate=3e-3, schedule="warmup_linear",
+                                                warmup_steps=2, total_steps=6))
+        self.mesh = shd.make_mesh((1, 1, 1))
+        self.fresh = lambda: create_train_state(self.init, self.tx, self.mesh, seed=0)[0]  # noqa: E731
+        self.target, shardings = abstract_train_state(self.init, self.tx, self.mesh)
+        self.step = make_train_step(seq2seq_loss(model.apply), self.tx, self.mesh, shardings)
+
+    def train(self, state, order, until: int, ckpt: Checkpointer):
+        while int(state.step) < until:
+            rows = order.next_indices()
+            state, _ = self.step(state, {k: v[rows] for k, v in self.data.items()})
+            ckpt.save(int(state.step), state, extra={"data": order.state_dict()})
+        return state
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory):
+    """The run, its checkpoints of steps 2, 4 and 6 and its final parameters."""
+    run = _ToyRun()
+    directory = tmp_path_factory.mktemp("toy") / "ckpt"
+    with Checkpointer(directory, save_interval_steps=2, keep_last=3) as ck:
+        state = run.train(run.fresh(), EpochOrder(run.examples, run.batch, seed=7), 6, ck)
+    return run, directory, jax.device_get(state.params)
+
+
+def _largest_data_file(step_dir) -> str:
+    return max(glob.glob(os.path.join(step_dir, "state", "ocdbt.process_0", "d", "*")), key=os.path.getsize)
+
+
+def _truncate(path, keep: float = 0.5) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(int(os.path.getsize(path) * keep))
+
+
+_DAMAGE = {
+    "truncated array file": lambda step_dir: _truncate(_largest_data_file(step_dir)),
+    "truncated tree metadata": lambda step_dir: _truncate(os.path.join(step_dir, "state", "_METADATA")),
+    "empty data-position file": lambda step_dir: _truncate(os.path.join(step_dir, "extra", "metadata"), 0.0),
+    "state directory gone": lambda step_dir: shutil.rmtree(os.path.join(step_dir, "state")),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(_DAMAGE))
+def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(toy_run, tmp_path, damage):
+    run, source, final = toy_run
+    directory = tmp_path / "ckpt"
+    shutil.copytree(source, directory)
+    _DAMAGE[damage](directory / "6")
+    with Checkpointer(directory, save_interval_steps=2, keep_last=3) as ck:
+        assert ck.latest_step() == 6
+        with pytest.warns(DamagedCheckpointWarning, match=f"checkpoint step 6 at {directory / '6'} cannot be read"):
+            state, extra = ck.restore(run.target)
+        assert int(state.step) == 4 and ck.all_steps() == [2, 4]
+        assert os.path.isdir(str(directory) + ".damaged/6")  # set aside, not deleted
+        order = EpochOrder(run.examples, run.batch, seed=7)
+        order.load_state_dict(extra["data"])
+        state = run.train(state, order, 6, ck)  # step 6 is saved afresh
+        ck.wait_until_finished()
+        assert ck.all_steps() == [2, 4, 6]
+    # Updates 5 and 6 again, on the restored data position and dropout keys: the uninterrupted run's parameters, bit
+    # for bit (the same compiled step on the same inputs).
+    for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(final), jax.tree.leaves(state.params)):
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=jax.tree_util.keystr(path))
+
+
+def test_no_readable_checkpoint_is_a_clear_error(toy_run, tmp_path):
+    run, source, _ = toy_run
+    directory = tmp_path / "ckpt"
+    shutil.copytree(source, directory)
+    for step in (2, 4, 6):
+        _truncate(_largest_data_file(directory / str(step)))
+    with Checkpointer(directory, save_interval_steps=2) as ck:
+        with pytest.warns(DamagedCheckpointWarning), pytest.raises(
+                NoReadableCheckpointError, match=rf"no checkpoint in {directory} can be read: step 6: .*step 4: .*"
+                                                 rf"step 2: .*move {directory} away"):
+            ck.restore(run.target)
+        assert ck.all_steps() == [2, 4, 6]  # nothing moved
+    assert not os.path.exists(str(directory) + ".damaged")
 
 
 # ------------------------------------------------------------------------------------------------------------------
