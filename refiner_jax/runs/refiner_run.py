@@ -213,7 +213,7 @@ class _Job:
             results_lib.print_results(os.path.join(workdir, "results.json"))
 
     def finish(self) -> dict:
-        self.s.log.close()
+        self.s.close()
         if shd.is_main_process():
             with open(os.path.join(self.workdir, "timings.json"), "a", encoding="utf-8") as f:
                 f.write(json.dumps(self.timings) + "\n")

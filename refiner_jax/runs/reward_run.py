@@ -400,7 +400,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: Sequence[str] =
         r.timings["eval"] = time.time() - start
         results["eval"] = {"table": evaluation["table"], "seconds": r.timings["eval"]}
         _write_json(os.path.join(workdir, "eval", "DONE"), results["eval"])
-    r.s.log.close()
+    r.s.close()
     if shd.is_main_process():
         with open(os.path.join(workdir, "timings.json"), "a", encoding="utf-8") as f:
             f.write(json.dumps(r.timings) + "\n")

@@ -3,7 +3,8 @@ tokenizer, the model config (a preset or an imported checkpoint), the mesh and t
 `training.loop.train_stage`.
 
 The workdir keeps `config.json`: a rerun refuses a changed `task`, `tokenizer` or `model` section, which would make
-the trained stages meaningless; other changes, such as more steps, apply to the stages still to run.
+the trained stages meaningless; other changes, such as more steps, apply to the stages still to run. A run holds the
+workdir's lock (`run_lock`) from its setup until `Setup.close`, so a second run on the same workdir is refused.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from refiner_jax.models.decoder_config import DecoderConfig
 from refiner_jax.models.language_model import load_checkpoint, preset_config
 from refiner_jax.models.t5_config import T5Config
 from refiner_jax.runs import run_config as config_lib
+from refiner_jax.runs import run_lock
 from refiner_jax.tasks import get_task
 from refiner_jax.tasks.base import NO_HINT, Example, Task, refine_input
 from refiner_jax.tokenizers import (ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer, padded_vocab_size,
@@ -121,12 +123,20 @@ class Setup:
     rules: Any
     log: MetricsLog
     common: dict  # the keyword arguments of `train_stage` that every stage passes
+    lock: run_lock.WorkdirLock | None  # held by process 0
+
+    def close(self) -> None:
+        """Closes the metrics log and releases the workdir."""
+        self.log.close()
+        if self.lock is not None:
+            self.lock.release()
 
 
 def setup(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...], known: tuple[str, ...],
           sections: tuple[str, ...]) -> Setup:
-    """Checks the config, the requested `stages` (of `known`) and the workdir, then loads the data, the tokenizer
-    and the model config and records the config. `sections` are the config's training stages (batch checks)."""
+    """Checks the config, the requested `stages` (of `known`) and the workdir, locks the workdir, then loads the
+    data, the tokenizer and the model config and records the config. `sections` are the config's training stages
+    (batch checks)."""
     config_lib.validate(config)
     if "://" in workdir:
         raise config_lib.ConfigError(f"--workdir {workdir} is a URL; use a filesystem path (mount a bucket with "
@@ -137,6 +147,17 @@ def setup(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ..
     if config.task.data_dir:  # recorded absolute, so evaluation and the tools find the data from any directory
         config.task.data_dir = os.path.abspath(os.path.expanduser(config.task.data_dir))
     os.makedirs(workdir, exist_ok=True)
+    lock = run_lock.acquire(workdir) if shd.is_main_process() else None
+    try:
+        return _prepare(config, workdir, sections, lock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _prepare(config: ml_collections.ConfigDict, workdir: str, sections: tuple[str, ...],
+             lock: run_lock.WorkdirLock | None) -> Setup:
     recorded = _check_workdir_config(workdir, config)
     task = get_task(config.task.name, **dict(config.task.options))
     splits = load_splits(task, config)
@@ -159,4 +180,4 @@ def setup(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ..
                   seed=config.seed, checkpoint_every=config.checkpoint.every, keep=config.checkpoint.keep,
                   log=log, log_every=config.log_every, pack=config.model.pack,
                   max_nonfinite_skips=config.max_nonfinite_skips)
-    return Setup(task, splits, tokenizer, model_config, pretrained, mesh, rules, log, common)
+    return Setup(task, splits, tokenizer, model_config, pretrained, mesh, rules, log, common, lock)
