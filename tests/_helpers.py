@@ -70,3 +70,42 @@ def greedy_generate(config: DecoderConfig, params: dict, tokens: jax.Array, mask
     done = jnp.zeros((tokens.shape[0],), bool)
     _, new = jax.lax.scan(step, (logits, cache, done), None, length=max_new_tokens)  # [max_new_tokens, batch]
     return new.T
+
+
+# ------------------------------------------------------------------------------------------------ a tiny stage
+
+TINY_VOCAB, TINY_INPUT_LEN, TINY_TARGET_LEN = 64, 8, 6
+
+
+def t5_batch(seed: int, rows: int = 8, nan_row: int | None = None) -> dict:
+    """A random T5 batch of `rows` with per-token weights for the one-layer t5-tiny of `train_tiny_stage`; with
+    `nan_row`, that row's first weight is NaN (a NaN loss and gradient from a single row)."""
+    rng = np.random.default_rng(seed)
+    inputs = rng.integers(2, TINY_VOCAB, (rows, TINY_INPUT_LEN)).astype(np.int32)
+    targets = rng.integers(2, TINY_VOCAB, (rows, TINY_TARGET_LEN)).astype(np.int32)
+    targets[:, -1] = 1
+    weights = np.ones((rows, TINY_TARGET_LEN), np.float32)
+    if nan_row is not None:
+        weights[nan_row, 0] = np.nan
+    return {"inputs": inputs, "targets": targets, "weights": weights}
+
+
+def tiny_t5_config():
+    from refiner_jax.models.language_model import preset_config
+
+    return preset_config("t5", "t5-tiny", TINY_VOCAB, 0, 1, num_layers=1, dropout_rate=0.0)
+
+
+def train_tiny_stage(workdir: str, spec, **kwargs) -> dict:
+    """`training.loop.train_stage` of `spec` (batches from its own `collate`) on `tiny_t5_config`'s model, one
+    device, metrics logged in `workdir`."""
+    from refiner_jax import sharding as shd
+    from refiner_jax.tokenizers import ByteTokenizer
+    from refiner_jax.training.loop import MetricsLog, train_stage
+
+    log = MetricsLog(workdir)
+    try:
+        return train_stage(spec, workdir=workdir, model_config=tiny_t5_config(), tokenizer=ByteTokenizer(),
+                           mesh=shd.make_mesh((1, 1, 1)), seed=0, log=log, **kwargs)
+    finally:
+        log.close()

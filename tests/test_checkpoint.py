@@ -23,6 +23,7 @@ if __name__ == "__main__":
 
 import jax  # noqa: E402
 from _devices import run_report  # noqa: E402
+from _helpers import TINY_INPUT_LEN, TINY_TARGET_LEN, t5_batch, train_tiny_stage  # noqa: E402
 from _tolerance import REORDER, assert_f32_close  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
@@ -348,6 +349,36 @@ def _wait_for(lines, prefix: str, log) -> list[str]:
         seen.append(line)
         if line.startswith(prefix):
             return seen
+
+
+def test_early_stopping_resumes_where_it_left_off(tmp_path):
+    """Validation scores 0.9, 0.8, 0.7, ... after updates 1, 2, 3, ...: with patience 2 the stage stops after update
+    3. Killed after update 2 (its later checkpoint gone), the resumed stage must still stop after update 3, not
+    count the evaluations without improvement from zero again."""
+    import ml_collections
+
+    from refiner_jax.training.loop import StageSpec
+
+    trained = []  # the step index of every batch made
+
+    def make_pairs(params, indices, step):
+        trained.append(step)
+        return [step]
+
+    stage = ml_collections.ConfigDict(dict(steps=8, batch_size=1, microbatches=1, eval_every=1,
+                                           optimizer=dict(name="adamw", learning_rate=1e-3)))
+    spec = StageSpec("early", stage, 8, make_pairs, lambda params: {"score": 0.9 - 0.1 * trained[-1]}, "score",
+                     TINY_INPUT_LEN, TINY_TARGET_LEN, collate=lambda steps: t5_batch(steps[0], rows=1), patience=2)
+    workdir = str(tmp_path)
+    first = train_tiny_stage(workdir, spec, checkpoint_every=1, keep=8)
+    assert trained == [0, 1, 2] and first["best_step"] == 1
+    stage_dir = tmp_path / "early"
+    shutil.rmtree(stage_dir / "ckpt" / "3")
+    shutil.rmtree(stage_dir / "export")
+    os.remove(stage_dir / "DONE")
+    trained.clear()
+    assert train_tiny_stage(workdir, spec, checkpoint_every=1, keep=8) == first
+    assert trained == [2]  # resumed after update 2, stopped after update 3 again
 
 
 def test_sigkill_mid_run_then_resume_matches_uninterrupted_run(tmp_path):

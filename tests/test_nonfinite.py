@@ -18,24 +18,13 @@ if __name__ == "__main__":
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from _devices import run_report  # noqa: E402
+from _helpers import TINY_INPUT_LEN as INPUT_LEN, TINY_TARGET_LEN as TARGET_LEN, TINY_VOCAB as VOCAB  # noqa: E402
+from _helpers import t5_batch, tiny_t5_config, train_tiny_stage  # noqa: E402
 
 from refiner_jax import sharding as shd  # noqa: E402
 from refiner_jax.training import create_train_state, make_optimizer, make_train_step, seq2seq_loss  # noqa: E402
 
-ROWS, INPUT_LEN, TARGET_LEN, VOCAB = 8, 8, 6, 64
-
-
-def _batch(seed: int, nan_row: int | None = None) -> dict:
-    """A T5 batch with per-token weights; with `nan_row`, that row's first weight is NaN (a NaN loss and gradient
-    from one row of one microbatch on one data shard)."""
-    rng = np.random.default_rng(seed)
-    inputs = rng.integers(2, VOCAB, (ROWS, INPUT_LEN)).astype(np.int32)
-    targets = rng.integers(2, VOCAB, (ROWS, TARGET_LEN)).astype(np.int32)
-    targets[:, -1] = 1
-    weights = np.ones((ROWS, TARGET_LEN), np.float32)
-    if nan_row is not None:
-        weights[nan_row, 0] = np.nan
-    return {"inputs": inputs, "targets": targets, "weights": weights}
+ROWS = 8
 
 
 def _host(tree) -> list[np.ndarray]:
@@ -59,7 +48,7 @@ def _guard_report() -> dict:
     tx, schedule = make_optimizer(dict(name="adamw", learning_rate=1e-2, schedule="warmup_linear", warmup_steps=3,
                                        total_steps=10, weight_decay=0.01, grad_clip_norm=1.0))
     loss = seq2seq_loss(model.apply)
-    clean, poisoned = _batch(1), _batch(2, nan_row=0)
+    clean, poisoned = t5_batch(1), t5_batch(2, nan_row=0)  # row 0: one microbatch, one data shard
     n = jax.device_count()
     layouts = {"one_device": ((1, 1, 1), 1)}
     if n >= 2:
@@ -114,10 +103,9 @@ def test_a_stage_stops_after_consecutive_skips_and_saves_only_finite_values(tmp_
     import ml_collections
 
     from refiner_jax.checkpoint import Checkpointer
-    from refiner_jax.models.language_model import LanguageModel, preset_config
-    from refiner_jax.tokenizers import ByteTokenizer
+    from refiner_jax.models.language_model import LanguageModel
     from refiner_jax.training import abstract_train_state
-    from refiner_jax.training.loop import MetricsLog, StageSpec, train_stage
+    from refiner_jax.training.loop import StageSpec
     from refiner_jax.training.nonfinite import NonFiniteError
 
     bad_from = 4  # the batches of updates 5, 6, 7, 8 are poisoned
@@ -128,17 +116,12 @@ def test_a_stage_stops_after_consecutive_skips_and_saves_only_finite_values(tmp_
         return [step] * len(indices)
 
     def collate(steps):
-        return _batch(steps[0], nan_row=3 if steps[0] >= bad_from else None)
+        return t5_batch(steps[0], nan_row=3 if steps[0] >= bad_from else None)
 
     spec = StageSpec("nan_stage", stage, 32, make_pairs, lambda params: {"score": 0.0}, "score", INPUT_LEN,
                      TARGET_LEN, collate=collate)
-    config = preset_config("t5", "t5-tiny", VOCAB, 0, 1, num_layers=1, dropout_rate=0.0)
-    mesh = shd.make_mesh((1, 1, 1))
-    log = MetricsLog(str(tmp_path))
     with pytest.raises(NonFiniteError) as err:
-        train_stage(spec, workdir=str(tmp_path), model_config=config, tokenizer=ByteTokenizer(), mesh=mesh, seed=0,
-                    checkpoint_every=2, keep=5, log=log, log_every=2, max_nonfinite_skips=3)
-    log.close()
+        train_tiny_stage(str(tmp_path), spec, checkpoint_every=2, keep=5, log_every=2, max_nonfinite_skips=3)
     ckpt_dir = os.path.join(str(tmp_path), "nan_stage", "ckpt")
     message = str(err.value)
     # Checked at step 6 (2 in a row: under the limit, saved) and step 8 (4 in a row: stopped before saving).
@@ -147,10 +130,10 @@ def test_a_stage_stops_after_consecutive_skips_and_saves_only_finite_values(tmp_
     logged = [json.loads(line) for line in open(tmp_path / "metrics.jsonl") if "nonfinite_skips" in line]
     assert [(m["step"], m["nonfinite_skips"]) for m in logged] == [(2, 0.0), (4, 0.0), (6, 2.0)]
 
-    lm = LanguageModel(config)
+    lm = LanguageModel(tiny_t5_config())
     module = lm.module()
     tx, _ = make_optimizer(dict(stage.optimizer, total_steps=8))
-    target, _ = abstract_train_state(lambda k: module.init(k, *lm.init_args())["params"], tx, mesh)
+    target, _ = abstract_train_state(lambda k: module.init(k, *lm.init_args())["params"], tx, shd.make_mesh((1, 1, 1)))
     with Checkpointer(ckpt_dir) as ck:
         assert ck.all_steps() == [2, 4, 6]
         at4, _ = ck.restore(target, step=4)

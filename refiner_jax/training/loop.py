@@ -4,8 +4,8 @@ Every stage of a REFINER run (generator warm-up, critic, REFINER loop) is this l
 `make_pairs(params, indices, step)` that turns a batch of example indices into (input text, target text) pairs — the
 REFINER loop samples from the current parameters there. A stage may instead bring its own `model`, `loss` and
 `collate` (reward models: labelled solutions in, a `RewardModel` out). Everything random is a function of (seed,
-step), the data order is checkpointed with the state, so a run killed at any point and restarted ends with the same
-parameters as one that never stopped.
+step), the data order and the early-stopping state are checkpointed with the state, so a run killed at any point and
+restarted ends with the same parameters as one that never stopped.
 
 Layout under `<workdir>/<stage>/`: `ckpt/` (full state, keep-last-N plus best-by-validation), `export/` (params
 only, the best checkpoint's, for inference), `DONE` (the final metrics, JSON).
@@ -141,10 +141,14 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | Decod
     stage_dir = os.path.join(workdir, spec.name)
     checkpointer = ckpt_lib.Checkpointer(os.path.join(stage_dir, "ckpt"), save_interval_steps=checkpoint_every,
                                          keep_last=keep, best_metric=spec.best_metric, best_mode="max")
+    best_value, stale = -float("inf"), 0  # early stopping: the best `best_metric` so far, evaluations since it
     if checkpointer.latest_step() is not None:
         target, _ = abstract_train_state(init_fn, tx, mesh, rules)
         state, extra = checkpointer.restore(target)
         order.load_state_dict(extra["data"])
+        if "early_stopping" in extra:  # older checkpoints lack it: counted from this restart
+            best, stale = extra["early_stopping"]["best"], extra["early_stopping"]["stale"]
+            best_value = -float("inf") if best is None else best
         if shd.is_main_process():
             print(f"[{spec.name}] resumed from step {int(state.step)}")
     step = int(state.step)
@@ -152,7 +156,6 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | Decod
                          disable=not shd.is_main_process())
     window_start, window_examples, window_tokens = time.time(), 0, 0
     last_eval: dict[str, float] = {}
-    best_value, stale = -float("inf"), 0  # early stopping, counted from this (re)start
     first_batch = True
     skips = SkipCounter(spec.name, max_nonfinite_skips)
     while step < stage.steps:
@@ -196,7 +199,8 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | Decod
             value = last_eval.get(spec.best_metric, -float("inf"))
             best_value, stale = (value, 0) if value > best_value else (best_value, stale + 1)
         if eval_now or checkpointer.should_save(step):
-            checkpointer.save(step, state, extra={"data": order.state_dict()},
+            early_stopping = {"best": None if best_value == -float("inf") else best_value, "stale": stale}
+            checkpointer.save(step, state, extra={"data": order.state_dict(), "early_stopping": early_stopping},
                               metrics=last_eval if eval_now else None, force=eval_now)
         if spec.patience and stale >= spec.patience and step < stage.steps:
             progress.write(f"[{spec.name}] stopped early at step {step}: {spec.best_metric} has not improved in "
