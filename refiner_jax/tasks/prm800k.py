@@ -115,7 +115,7 @@ def read_prm800k(path, neutral: str = "positive", skip_quality_control: bool = T
             for lineno, row in json_objects(f, str(path), "an object with 'question' and 'label' (PRM800K)"):
                 if max_records is not None and len(records) >= max_records:
                     break
-                record = _read_row(row, f"{path}:{lineno}", f"{stem}:{lineno}", neutral, skip_quality_control)
+                record = solution_from_row(row, f"{path}:{lineno}", f"{stem}:{lineno}", neutral, skip_quality_control)
                 if record is not None:
                     records.append(record)
     except (OSError, EOFError, UnicodeDecodeError) as e:
@@ -124,8 +124,10 @@ def read_prm800k(path, neutral: str = "positive", skip_quality_control: bool = T
     return records
 
 
-def _read_row(row: dict, where: str, uid: str, neutral: str, skip_quality_control: bool) -> LabelledSolution | None:
-    """One line's solution; None for a skipped line (quality control, screening) or a solution with no steps."""
+def solution_from_row(row: dict, where: str, uid: str, neutral: str,
+                      skip_quality_control: bool) -> LabelledSolution | None:
+    """One PRM800K line's solution; None for a skipped line (quality control, screening) or a solution with no
+    steps."""
     if skip_quality_control and (row.get("is_quality_control_question") or row.get("is_initial_screening_question")):
         return None
     question, label = row.get("question"), row.get("label")
@@ -133,7 +135,15 @@ def _read_row(row: dict, where: str, uid: str, neutral: str, skip_quality_contro
         raise DataError(f"{where}: no 'question' with a string 'problem'; expected PRM800K's question object")
     if not isinstance(label, dict) or not isinstance(label.get("steps"), list):
         raise DataError(f"{where}: no 'label' with a list 'steps'; expected PRM800K's label object")
-    kept = [(text, r) for text, r in _solution_steps(label["steps"], where) if not (r == 0 and neutral == "skip")]
+    return labelled_solution(uid, question["problem"], _solution_steps(label["steps"], where),
+                             label.get("finish_reason"), neutral)
+
+
+def labelled_solution(uid: str, question: str, rated: list[tuple[str, int]], finish: str | None,
+                      neutral: str) -> LabelledSolution | None:
+    """The solution of (text, rating) steps as a PRM reads it: 0 ratings mapped by `neutral`, cut after the first
+    wrong step; None when no step is left. `finish` is PRM800K's finish_reason ("solution": finished)."""
+    kept = [(text, r) for text, r in rated if not (r == 0 and neutral == "skip")]
     if not kept:
         return None
     correct = [r > 0 or (r == 0 and neutral == "positive") for _, r in kept]
@@ -141,7 +151,5 @@ def _read_row(row: dict, where: str, uid: str, neutral: str, skip_quality_contro
         end = correct.index(False) + 1
         kept, correct = kept[:end], correct[:end]
     labels = tuple(all(correct[:i + 1]) for i in range(len(correct)))
-    finish = label.get("finish_reason")
     outcome = False if not all(correct) else None if finish is None else finish == "solution"
-    return LabelledSolution(uid, question["problem"], tuple(t for t, _ in kept), tuple(r for _, r in kept),
-                            labels, outcome)
+    return LabelledSolution(uid, question, tuple(t for t, _ in kept), tuple(r for _, r in kept), labels, outcome)

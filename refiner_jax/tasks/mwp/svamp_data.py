@@ -11,6 +11,7 @@ import random
 import re
 from typing import Mapping, Sequence
 
+from refiner_jax.tasks import data_sources, dataset_rows
 from refiner_jax.tasks.base import DataError, Example
 from refiner_jax.tasks.mwp.formula import compile_prefix, format_formula, normalize_whitespace
 
@@ -46,9 +47,30 @@ def _example_from_fields(uid: str, question: str, numbers: Sequence[float], equa
 
 
 def _examples_from_csv(path: str, prefix: str, lowercase: bool = False) -> list[Example]:
+    return examples_from_records(_read_csv(path), f"{path}: data row", prefix, lowercase)
+
+
+def examples_from_dataset(source: str, split: str, prefix: str, lowercase: bool = False) -> list[Example]:
+    """The examples of `split` ("train", "test") of data files or a hub dataset (`tasks.data_sources`), rows in
+    either SVAMP layout (`dataset_rows.mwp_record`)."""
+    where, rows = data_sources.split_rows(source, split)
+    if not rows:
+        raise DataError(f"{where}: no rows; expected SVAMP problems with columns {', '.join(_REQUIRED_COLUMNS)}")
+    records = [dataset_rows.mwp_record(row, f"{where}: row {i + 1}") for i, row in enumerate(rows)]
+    return examples_from_records(records, f"{where}: row", prefix, lowercase)
+
+
+def examples_from_records(records: Sequence[Mapping], where_row: str, prefix: str,
+                          lowercase: bool = False) -> list[Example]:
+    """Examples `{prefix}-{i}` of records in the masked csvs' layout; `DataError` names `where_row` and the row
+    (from 1) that is malformed."""
     examples = []
-    for i, row in enumerate(_read_csv(path)):
-        where = f"{path}: data row {i + 1}"
+    for i, row in enumerate(records):
+        where = f"{where_row} {i + 1}"
+        wrong = [c for c in _REQUIRED_COLUMNS if not isinstance(row.get(c) or "", str)]
+        if wrong:
+            raise DataError(f"{where}: field {wrong[0]!r} is a {type(row[wrong[0]]).__name__}; expected text "
+                            "(Question, Equation) or a number written as text (Numbers, Answer)")
         equation = row["Equation"] or ""
         try:
             numbers = [float(v) for v in (row["Numbers"] or "").split()]
