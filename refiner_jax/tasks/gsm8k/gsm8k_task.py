@@ -18,7 +18,8 @@ from fractions import Fraction
 from typing import Sequence
 
 from refiner_jax.tasks import data_sources, dataset_rows
-from refiner_jax.tasks.base import NO_HINT, DataError, Example, Feedback, StepError, json_objects, shared_data_dir
+from refiner_jax.tasks.base import (NO_HINT, DataError, Example, Feedback, StepError, json_objects, raise_problems,
+                                    shared_data_dir)
 from refiner_jax.tasks.gsm8k.answers import _answer_value, answers_match, extract_answer, has_answer_marker
 from refiner_jax.tasks.gsm8k.calculator import (CalcError, _literal_value, evaluate_expression, format_number,
                                                 parse_number)
@@ -38,9 +39,15 @@ def read_jsonl(path: pathlib.Path) -> list[dict]:
     if not path.is_file():
         raise DataError(f"{path}: file not found; expected GSM8K JSON lines with 'question' and 'answer' "
                         "(pass data_dir= or set REFINER_DATA)")
-    with open(path, encoding="utf-8") as f:
-        rows = [checked_record(row, f"{path}:{lineno}") for lineno, row in
-                json_objects(f, str(path), "one object per line with 'question' and 'answer'")]
+    rows, problems = [], []
+    with open(path, "rb") as f:
+        for lineno, row in json_objects(f, str(path), "one object per line with 'question' and 'answer'",
+                                        problems=problems):
+            try:
+                rows.append(checked_record(row, f"{path}:{lineno}"))
+            except DataError as e:
+                problems.append(str(e))
+    raise_problems(problems, str(path))
     if not rows:
         raise DataError(f"{path}: no records; expected GSM8K JSON lines with 'question' and 'answer'")
     return rows
@@ -48,9 +55,12 @@ def read_jsonl(path: pathlib.Path) -> list[dict]:
 
 def checked_record(row: dict, where: str) -> dict:
     """`row` when it is a GSM8K record (string 'question' and 'answer', the answer ending in '#### <number>');
-    else `DataError` naming `where`."""
-    if not all(isinstance(row.get(k), str) for k in ("question", "answer")):
-        raise DataError(f"{where}: expected an object with string fields 'question' and 'answer'")
+    else `DataError` naming `where` and the field."""
+    for key in ("question", "answer"):
+        if not isinstance(row.get(key), str):
+            got = "missing" if row.get(key) is None else f"a {type(row[key]).__name__}"
+            raise DataError(f"{where}: field '{key}' is {got}; expected an object with string fields 'question' and "
+                            "'answer'")
     if extract_answer(row["answer"], strict=True) is None:
         raise DataError(f"{where}: the 'answer' has no final '#### <number>' line")
     return row
@@ -59,7 +69,13 @@ def checked_record(row: dict, where: str) -> dict:
 def _dataset_records(source: str, split: str) -> list[dict]:
     """GSM8K records of `split` from data files or a hub dataset (`data_sources`)."""
     where, rows = data_sources.split_rows(source, split)
-    records = [checked_record(dataset_rows.gsm8k_record(row), f"{where}: row {i + 1}") for i, row in enumerate(rows)]
+    records, problems = [], []
+    for i, row in enumerate(rows):
+        try:
+            records.append(checked_record(dataset_rows.gsm8k_record(row), f"{where}: row {i + 1}"))
+        except DataError as e:
+            problems.append(str(e))
+    raise_problems(problems, where)
     if not records:
         raise DataError(f"{where}: no records; expected GSM8K rows with 'question' and 'answer'")
     return records
