@@ -20,6 +20,7 @@ from refiner_jax.tasks.base import DataError
 _TEXT_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w]|\.\d)")
 _INFIX_TOKEN = re.compile(r"\s*(\d+(?:\.\d+)?|[-+*/()])")
 _SHEPHERD_TAG = "ки"
+_MAX_PARENTHESES = 100  # nesting of an infix equation (a bound on recursion, far above any dataset's)
 
 
 def gsm8k_record(row: dict) -> dict:
@@ -74,14 +75,16 @@ def infix_to_prefix(equation: str, numbers: list[float], where: str) -> str:
         pos = m.end()
     index = 0
 
-    def operand() -> list[str]:
+    def operand(depth: int) -> list[str]:
         nonlocal index
         if index >= len(tokens):
             raise DataError(f"{where}: Equation {equation!r} ends early")
         token = tokens[index]
         index += 1
         if token == "(":
-            inner = expression()
+            if depth >= _MAX_PARENTHESES:
+                raise DataError(f"{where}: Equation nested in more than {_MAX_PARENTHESES} parentheses")
+            inner = expression(depth + 1)
             if index >= len(tokens) or tokens[index] != ")":
                 raise DataError(f"{where}: Equation {equation!r} has an unclosed parenthesis")
             index += 1
@@ -91,16 +94,16 @@ def infix_to_prefix(equation: str, numbers: list[float], where: str) -> str:
         value = float(token)
         return [f"number{numbers.index(value)}" if value in numbers else token]
 
-    def expression(level: int = 0) -> list[str]:  # level 0: + and -, level 1: * and /
+    def expression(depth: int, level: int = 0) -> list[str]:  # level 0: + and -, level 1: * and /
         nonlocal index
-        out = operand() if level else expression(1)
+        out = operand(depth) if level else expression(depth, 1)
         while index < len(tokens) and tokens[index] in ("+-" if level == 0 else "*/"):
             op = tokens[index]
             index += 1
-            out = [op] + out + (operand() if level else expression(1))
+            out = [op] + out + (operand(depth) if level else expression(depth, 1))
         return out
 
-    prefix = expression()
+    prefix = expression(0)
     if index != len(tokens):
         raise DataError(f"{where}: Equation {equation!r} has trailing tokens {tokens[index:]}")
     return " ".join(prefix)
