@@ -145,8 +145,10 @@ def test_step_label_layouts(tmp_path):
              "steps": ["1+1 = 2.", "The answer is 2."], "final_answer_correct": True, "label": -1}
     wrong = dict(bench, steps=["1+1 = 3.", "So 3."], final_answer_correct=False, label=0)
     _parquet(tmp_path / "train.parquet", [shepherd])
+    _jsonl(tmp_path / "shepherd.jsonl", [shepherd])
     _parquet(tmp_path / "bench" / "gsm8k.parquet", [bench, wrong])
     s, = dataset_rows.read_step_labels(f"train={tmp_path / 'train.parquet'}")
+    assert dataset_rows.read_step_labels(str(tmp_path / "shepherd.jsonl"))[0].labels == s.labels
     assert s.question == "What is 2+3*4?" and s.steps == ("Step 1: 3*4 = 12.", "Step 2: 2+12 = 15.")
     assert (s.ratings, s.labels, s.outcome) == ((1, -1), (True, False), False)
     right, bad = dataset_rows.read_step_labels(f"test={tmp_path / 'bench' / 'gsm8k.parquet'}")

@@ -45,6 +45,8 @@ class Source:
 def parse(text: str) -> Source:
     """The source that `text` names (see the module's docstring); an existing local path wins over a hub name."""
     text = text.strip()
+    if os.path.exists(os.path.expanduser(text)):
+        return Source("folder", os.path.abspath(os.path.expanduser(text)))
     if "=" in text:
         pairs = [part.partition("=") for part in text.split(",") if part.strip()]
         bad = [p for p, eq, path in pairs if not eq or not p.strip() or not path.strip()]
@@ -54,7 +56,7 @@ def parse(text: str) -> Source:
         return Source("files", files=tuple((s.strip(), os.path.abspath(os.path.expanduser(p.strip())))
                                            for s, _, p in pairs))
     path, config = text, None
-    if not os.path.exists(os.path.expanduser(text)) and text.count(":") == 1:
+    if text.count(":") == 1:
         path, config = text.split(":")
     local = os.path.expanduser(path)
     if os.path.exists(local) or not _HUB_NAME.fullmatch(path):

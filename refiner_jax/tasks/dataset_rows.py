@@ -15,7 +15,7 @@ import os
 import re
 
 from refiner_jax.tasks import data_sources, prm800k
-from refiner_jax.tasks.base import DataError
+from refiner_jax.tasks.base import DataError, raise_problems
 
 _TEXT_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w]|\.\d)")
 _INFIX_TOKEN = re.compile(r"\s*(\d+(?:\.\d+)?|[-+*/()])")
@@ -113,18 +113,23 @@ def infix_to_prefix(equation: str, numbers: list[float], where: str) -> str:
 
 
 def read_step_labels(source: str, neutral: str = "positive") -> list[prm800k.LabelledSolution]:
-    """Labelled solutions of a step-label source: a PRM800K `.jsonl` / `.jsonl.gz` file (its own reader), else data
-    files or a hub dataset (`data_sources`, every split in order) of PRM800K, Math-Shepherd or ProcessBench rows."""
+    """Labelled solutions of a step-label source, PRM800K, Math-Shepherd or ProcessBench rows: a `.jsonl` /
+    `.jsonl.gz` file (PRM800K's reader), else data files or a hub dataset (`data_sources`, every split in order)."""
     if neutral not in prm800k.NEUTRAL_MODES:
         raise ValueError(f"unknown neutral mode {neutral!r}; choose one of {prm800k.NEUTRAL_MODES}")
     if source.endswith((".jsonl", ".jsonl.gz")) and os.path.isfile(source):
-        return prm800k.read_prm800k(source, neutral=neutral)
-    out = []
+        return prm800k.read_prm800k(source, neutral=neutral, row_reader=step_label_row)
+    out, problems = [], []
     for where, rows in data_sources.all_rows(source):
         for i, row in enumerate(rows):
-            solution = step_label_row(row, f"{where}: row {i + 1}", f"{where}:{i + 1}", neutral)
+            try:
+                solution = step_label_row(row, f"{where}: row {i + 1}", f"{where}:{i + 1}", neutral)
+            except DataError as e:
+                problems.append(str(e))
+                continue
             if solution is not None:
                 out.append(solution)
+    raise_problems(problems, source)
     return out
 
 

@@ -23,7 +23,7 @@ import dataclasses
 import gzip
 import pathlib
 
-from refiner_jax.tasks.base import DataError, json_objects
+from refiner_jax.tasks.base import DataError, json_objects, raise_problems
 
 NEUTRAL_MODES = ("positive", "negative", "skip")
 RATINGS = (-1, 0, 1)
@@ -98,9 +98,10 @@ def _solution_steps(steps, where: str) -> list[tuple[str, int]]:
 
 
 def read_prm800k(path, neutral: str = "positive", skip_quality_control: bool = True,
-                 max_records: int | None = None) -> list[LabelledSolution]:
+                 max_records: int | None = None, row_reader=None) -> list[LabelledSolution]:
     """The labelled solutions of a PRM800K-style `.jsonl` (or `.jsonl.gz`) file, in file order, at most
-    `max_records`; `DataError` names the file, line and what was expected."""
+    `max_records`; `DataError` names the file and each bad line. `row_reader(row, where, uid, neutral)` reads other
+    layouts' lines (`dataset_rows.step_label_row`)."""
     if neutral not in NEUTRAL_MODES:
         raise ValueError(f"unknown neutral mode {neutral!r}; choose one of {NEUTRAL_MODES}")
     path = pathlib.Path(path)
@@ -109,18 +110,26 @@ def read_prm800k(path, neutral: str = "positive", skip_quality_control: bool = T
                         "one labelled solution per line with 'question' and 'label'")
     stem = path.name.removesuffix(".gz").removesuffix(".jsonl")
     records: list[LabelledSolution] = []
+    problems: list[str] = []
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, row in json_objects(f, str(path), "an object with 'question' and 'label' (PRM800K)"):
+        with opener(path, "rb") as f:
+            for lineno, row in json_objects(f, str(path), "an object with 'question' and 'label' (PRM800K)",
+                                            problems=problems):
                 if max_records is not None and len(records) >= max_records:
                     break
-                record = solution_from_row(row, f"{path}:{lineno}", f"{stem}:{lineno}", neutral, skip_quality_control)
+                where, uid = f"{path}:{lineno}", f"{stem}:{lineno}"
+                try:
+                    record = (solution_from_row(row, where, uid, neutral, skip_quality_control) if row_reader is None
+                              else row_reader(row, where, uid, neutral))
+                except DataError as e:
+                    problems.append(str(e))
+                    continue
                 if record is not None:
                     records.append(record)
-    except (OSError, EOFError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: not a readable UTF-8 JSON lines file ({e}); "
-                        "expected .jsonl or gzipped .jsonl.gz") from e
+    except (OSError, EOFError) as e:
+        raise DataError(f"{path}: not a readable JSON lines file ({e}); expected .jsonl or gzipped .jsonl.gz") from e
+    raise_problems(problems, str(path))
     return records
 
 

@@ -88,10 +88,10 @@ def _record_problem(path: pathlib.Path, i: int, rec) -> str | None:
         return (f"{path}: record {i}: field '{wrong[0]}' is not a string; expected string fields 'id', "
                 "'actor_input', 'actor_output'")
     if parse_input(rec["actor_input"]) is None:
-        return (f"{path}: record {i} ({rec['id']}): 'actor_input' must read "
+        return (f"{path}: record {i} ({rec['id']!r}): 'actor_input' must read "
                 "'<|SIT|> ... <|INT|> ... <|I_ACT|> ... <|NRM|>'")
     if rec["actor_output"].count(M_ACT) != 1 or not all(split_output(rec["actor_output"])):
-        return f"{path}: record {i} ({rec['id']}): 'actor_output' must read 'norm <|M_ACT|> action'"
+        return f"{path}: record {i} ({rec['id']!r}): 'actor_output' must read 'norm <|M_ACT|> action'"
     return None
 
 
