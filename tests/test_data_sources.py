@@ -190,6 +190,19 @@ def test_bad_rows_name_the_file_row_and_field(tmp_path):
         get_task("mwp").load("test", f"test={tmp_path / 'svamp.jsonl'}")
 
 
+def test_every_bad_line_of_a_file_is_named_once(tmp_path):
+    path = tmp_path / "test.jsonl"
+    good = json.dumps({"question": "q", "answer": "#### 1"}).encode()
+    path.write_bytes(b"\n".join([good, b'{"question": "q"}', good, b"caf\xe9", b"[1]", b"", good]) + b"\n")
+    with pytest.raises(DataError) as info:
+        get_task("gsm8k").load("test", str(tmp_path))
+    lines = str(info.value).split("\n")
+    assert lines[0] == f"{path}: 3 bad lines:"
+    assert [line.split(": ")[0] for line in lines[1:]] == [f"{path}:2", f"{path}:4", f"{path}:5"]
+    assert "field 'answer' is missing" in lines[1] and "not UTF-8 text (byte 0xe9" in lines[2]
+    assert "got a JSON list" in lines[3]
+
+
 def test_recorded_sources_are_absolute_paths_or_hub_names(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
