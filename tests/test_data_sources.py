@@ -185,6 +185,13 @@ def test_bad_rows_name_the_file_row_and_field(tmp_path):
     _parquet(tmp_path / "test.parquet", [{"question": "q", "answer": "#### 1"}, {"question": "q", "answer": None}])
     with pytest.raises(DataError, match=r"test.parquet: row 2: .*'answer'"):
         get_task("gsm8k").load("test", str(tmp_path))
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"question": "ok", "answer": "#### 1"}\n'
+                                            b'{"question": "caf\xe9", "answer": "#### 1"}\n')
+    with pytest.raises(DataError, match=r"latin1.jsonl: row 2: not UTF-8 text \(byte 0xe9\)"):
+        get_task("gsm8k").load("test", f"test={tmp_path / 'latin1.jsonl'}")
+    (tmp_path / "broken.parquet").write_bytes(b"not parquet")
+    with pytest.raises(DataError, match=r"broken.parquet: not readable as data files \(ArrowInvalid"):
+        get_task("gsm8k").load("test", f"test={tmp_path / 'broken.parquet'}")
     _jsonl(tmp_path / "svamp.jsonl", [{"Question": "a number0", "Numbers": "1", "Equation": 5, "Answer": "1"}])
     with pytest.raises(DataError, match=r"svamp.jsonl: row 1: field 'Equation' is a int"):
         get_task("mwp").load("test", f"test={tmp_path / 'svamp.jsonl'}")

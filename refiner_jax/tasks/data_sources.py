@@ -21,7 +21,7 @@ import os
 import re
 from typing import Iterable
 
-from refiner_jax.tasks.base import DataError
+from refiner_jax.tasks.base import DataError, raise_problems
 
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv")
 _BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
@@ -101,7 +101,7 @@ def split_rows(text: str, split: str) -> tuple[str, list[dict]]:
         if name is None:
             raise DataError(f"{text}: no {' or '.join(names)} split (it has {', '.join(splits)}); pick a config "
                             "with one after ':' or give split=PATH data files")
-        return f"{text} [{name}]", _rows(splits[name])
+        return f"{text} [{name}]", _rows(f"{text} [{name}]", splits[name])
     files = _split_files(text, source)
     name = next((n for n in names if n in files), None)
     if name is None:
@@ -116,7 +116,7 @@ def all_rows(text: str) -> list[tuple[str, list[dict]]]:
     source = parse(text)
     if source.kind == "hub" or source.config:
         splits = _load(text, source, source.path, name=source.config)
-        return [(f"{text} [{name}]", _rows(rows)) for name, rows in splits.items()]
+        return [(f"{text} [{name}]", _rows(f"{text} [{name}]", rows)) for name, rows in splits.items()]
     return [_load_files(text, source, name, paths) for name, paths in _split_files(text, source).items()]
 
 
@@ -154,11 +154,24 @@ def _load_files(text: str, source: Source, split: str, paths: list[str]) -> tupl
                         f"{', '.join(DATA_SUFFIXES)}")
     where = paths[0] if len(paths) == 1 else f"{os.path.dirname(paths[0])} [{split}]"
     dataset = _load(where, source, _BUILDERS[suffixes.pop()], data_files={split: paths}, split=split)
-    return where, _rows(dataset)
+    return where, _rows(where, dataset)
 
 
-def _rows(dataset) -> list[dict]:
-    return [dict(row) for row in dataset.to_list()]
+def _rows(where: str, dataset) -> list[dict]:
+    """The dataset's rows; `DataError` naming each row whose text is not UTF-8 (the JSON builder keeps the bytes)."""
+    try:
+        return dataset.to_list()
+    except UnicodeDecodeError:
+        pass
+    rows, problems = [], []
+    for i in range(len(dataset)):
+        try:
+            rows.append(dataset[i])
+        except UnicodeDecodeError as e:
+            problems.append(f"{where}: row {i + 1}: not UTF-8 text (byte 0x{e.object[e.start]:02x}); save the file "
+                            "as UTF-8")
+    raise_problems(problems, where)
+    return rows
 
 
 def _datasets(text: str):
