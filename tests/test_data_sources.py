@@ -187,8 +187,11 @@ def test_bad_rows_name_the_file_row_and_field(tmp_path):
         get_task("gsm8k").load("test", str(tmp_path))
     (tmp_path / "latin1.jsonl").write_bytes(b'{"question": "ok", "answer": "#### 1"}\n'
                                             b'{"question": "caf\xe9", "answer": "#### 1"}\n')
-    with pytest.raises(DataError, match=r"latin1.jsonl: row 2: not UTF-8 text \(byte 0xe9\)"):
+    with pytest.raises(DataError, match=r"latin1.jsonl:2: not UTF-8 text \(byte 0xe9"):
         get_task("gsm8k").load("test", f"test={tmp_path / 'latin1.jsonl'}")
+    (tmp_path / "null.jsonl").write_text('{"question": "ok", "answer": "#### 1"}\nnull\n')
+    with pytest.raises(DataError, match=r"null.jsonl:2: got a JSON NoneType"):  # pyarrow would crash on it
+        get_task("gsm8k").load("test", f"test={tmp_path / 'null.jsonl'}")
     (tmp_path / "broken.parquet").write_bytes(b"not parquet")
     with pytest.raises(DataError, match=r"broken.parquet: not readable as data files \(ArrowInvalid"):
         get_task("gsm8k").load("test", f"test={tmp_path / 'broken.parquet'}")

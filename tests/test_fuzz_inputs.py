@@ -24,14 +24,14 @@ from refiner_jax.tasks.snlr import SNLRTask
 QUICK, FULL = 200, 10_000
 
 
-def fuzz(*strategies):
-    """(default-suite test, slow 10,000-case test) of one property."""
+def fuzz(*strategies, quick=QUICK, full=FULL):
+    """(default-suite test, slow test of `full` cases) of one property."""
     def make(body):
         def run(n):
             return settings(max_examples=n, deadline=None, database=None,
                             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                    HealthCheck.function_scoped_fixture])(given(*strategies)(body))
-        return run(QUICK), pytest.mark.slow(run(FULL))
+        return run(quick), pytest.mark.slow(run(full))
     return make
 
 
@@ -181,6 +181,29 @@ def _snlr_reader(tmp_path, value, noise):
 
 
 test_snlr_reader, test_snlr_reader_full = _snlr_reader
+
+
+_files_made = iter(range(10**9))
+
+
+@fuzz(jsonl_bytes(GSM8K_RECORD), st.sampled_from(["jsonl", "json"]), quick=20, full=1000)
+def _data_files_through_datasets(tmp_path, monkeypatch, data, suffix):
+    """The same fuzzed lines as data files read by `datasets.load_dataset` (about 0.1 s a case, so fewer cases):
+    examples or a `DataError` naming the file (a line `null` used to kill the process inside pyarrow)."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_datasets")
+    path = tmp_path / f"test{next(_files_made)}.{suffix}"
+    path.write_bytes(data)
+    try:
+        examples = gsm8k_task.GSM8KTask().load("test", f"test={path}")
+    except DataError as e:
+        assert str(path) in str(e)
+        return
+    assert all(isinstance(e.x, str) and e.y for e in examples)
+
+
+test_data_files_through_datasets, test_data_files_through_datasets_full = _data_files_through_datasets
 
 
 # ----------------------------------------------------------------------------------------------- dataset rows

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import os
 import re
 from typing import Iterable
 
-from refiner_jax.tasks.base import DataError, raise_problems
+from refiner_jax.tasks.base import DataError, json_objects, raise_problems
 
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv")
 _BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
@@ -101,7 +102,7 @@ def split_rows(text: str, split: str) -> tuple[str, list[dict]]:
         if name is None:
             raise DataError(f"{text}: no {' or '.join(names)} split (it has {', '.join(splits)}); pick a config "
                             "with one after ':' or give split=PATH data files")
-        return f"{text} [{name}]", _rows(f"{text} [{name}]", splits[name])
+        return f"{text} [{name}]", _rows(splits[name])
     files = _split_files(text, source)
     name = next((n for n in names if n in files), None)
     if name is None:
@@ -116,7 +117,7 @@ def all_rows(text: str) -> list[tuple[str, list[dict]]]:
     source = parse(text)
     if source.kind == "hub" or source.config:
         splits = _load(text, source, source.path, name=source.config)
-        return [(f"{text} [{name}]", _rows(f"{text} [{name}]", rows)) for name, rows in splits.items()]
+        return [(f"{text} [{name}]", _rows(rows)) for name, rows in splits.items()]
     return [_load_files(text, source, name, paths) for name, paths in _split_files(text, source).items()]
 
 
@@ -152,26 +153,47 @@ def _load_files(text: str, source: Source, split: str, paths: list[str]) -> tupl
     if len(suffixes) != 1 or not suffixes <= set(_BUILDERS):
         raise DataError(f"{', '.join(paths)}: the {split} split needs data files of one kind among "
                         f"{', '.join(DATA_SUFFIXES)}")
+    empty = [p for p in paths if _blank(p)]
+    if empty:
+        raise DataError(f"{empty[0]}: empty file; expected the {split} split's rows")
+    for path in paths:
+        if path.endswith((".json", ".jsonl")):
+            _check_json_rows(path)
     where = paths[0] if len(paths) == 1 else f"{os.path.dirname(paths[0])} [{split}]"
     dataset = _load(where, source, _BUILDERS[suffixes.pop()], data_files={split: paths}, split=split)
-    return where, _rows(where, dataset)
+    return where, _rows(dataset)
 
 
-def _rows(where: str, dataset) -> list[dict]:
-    """The dataset's rows; `DataError` naming each row whose text is not UTF-8 (the JSON builder keeps the bytes)."""
-    try:
-        return dataset.to_list()
-    except UnicodeDecodeError:
-        pass
-    rows, problems = [], []
-    for i in range(len(dataset)):
+def _check_json_rows(path: str) -> None:
+    """Every row of a JSON (a list of objects, or JSON lines) or JSON-lines file is an object, else `DataError`
+    naming each bad line: pyarrow's reader behind `datasets` kills the process on some (a line `null`)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if path.endswith(".json") and data.lstrip().startswith(b"["):
         try:
-            rows.append(dataset[i])
-        except UnicodeDecodeError as e:
-            problems.append(f"{where}: row {i + 1}: not UTF-8 text (byte 0x{e.object[e.start]:02x}); save the file "
-                            "as UTF-8")
-    raise_problems(problems, where)
-    return rows
+            rows = json.loads(data)
+        except (ValueError, RecursionError) as e:
+            raise DataError(f"{path}: not a valid JSON list ({e}); expected a list of objects, or one object per "
+                            "line") from None
+        bad = [i for i, row in enumerate(rows) if not isinstance(row, dict)] if isinstance(rows, list) else [0]
+        if bad or not rows:
+            raise DataError(f"{path}: item {bad[0] if bad else 0} is not an object; expected a non-empty list of "
+                            "objects, or one object per line")
+        return
+    problems: list[str] = []
+    for _ in json_objects(data.split(b"\n"), path, "one JSON object per line", problems=problems):
+        pass
+    raise_problems(problems, path)
+
+
+def _blank(path: str) -> bool:
+    """Whether a file holds nothing but whitespace (`datasets` fails on one without saying which)."""
+    with open(path, "rb") as f:
+        return not f.read(1 << 16).strip() and not f.read(1)
+
+
+def _rows(dataset) -> list[dict]:
+    return dataset.to_list()
 
 
 def _datasets(text: str):
