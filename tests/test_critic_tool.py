@@ -80,11 +80,15 @@ def test_malformed_lines_name_line_and_format(tmp_path, mwp, line, expected):
 
 def test_bad_bytes_and_empty_files(tmp_path, mwp):
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    src.write_bytes(b'{"question": "caf\xe9", "hypothesis": "h"}\n{"question": "ok", "hypothesis": "h"}\n'
-                    b'{"question": "q"}\n')
+    src.write_bytes(b'{"question": "caf\xe9", "hypothesis": "h"}\n'
+                    b'{"question": "ok \\ud83d\\ude00", "hypothesis": "h"}\n'
+                    b'{"question": "q"}\n{"question": "\\ud800", "hypothesis": "h"}\n')
     result = critic_tool.run_tool(RecordingCritic(mwp), mwp, str(src), str(dst), warn=lambda m: None)
-    assert result.written == 1 and [p.split(": ")[0] for p in result.problems] == [f"{src}:1", f"{src}:3"]
+    assert result.written == 1 and [p.split(": ")[0] for p in result.problems] == [f"{src}:1", f"{src}:3",
+                                                                                  f"{src}:4"]
     assert "not UTF-8 text (byte 0xe9" in result.problems[0] and '"hypothesis"' in result.problems[1]
+    assert "unpaired surrogate" in result.problems[2]
+    assert json.loads(dst.read_text(encoding="utf-8"))["question"] == "ok \U0001F600"  # a paired one is text
     src.write_text("\n\n")
     with pytest.raises(critic_tool.CriticInputError, match="in.jsonl: no records"):
         critic_tool.run_tool(RecordingCritic(mwp), mwp, str(src), str(dst))

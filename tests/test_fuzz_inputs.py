@@ -41,7 +41,8 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
                                                                                   max_size=4),
                     max_leaves=12)
-ANY_VALUE = JSON | st.sampled_from(["", "#### 5", "1 2", "number0", "ки", "+", "-", "<|M_ACT|>"])
+ANY_VALUE = JSON | st.sampled_from(["", "#### 5", "1 2", "number0", "ки", "+", "-", "<|M_ACT|>", "\ud800",
+                                    "\ud83d\ude00"])
 
 
 def records(fields: dict):
@@ -123,8 +124,8 @@ def _critic_tool_input(tmp_path, data):
     named = [int(re.match(re.escape(str(path)) + r":(\d+):", p).group(1)) for p in problems]
     assert sorted([r["_line"] for r in records_read] + named) == [
         n for n in lines if not _blank_text(data.split(b"\n")[n - 1])]
-    for r in records_read:
-        assert isinstance(r["question"], str) and isinstance(r["hypothesis"], str)
+    for r in records_read:  # text that can be written back out as UTF-8
+        assert (r["question"] + r["hypothesis"]).encode("utf-8")
 
 
 def _blank_text(line: bytes) -> bool:

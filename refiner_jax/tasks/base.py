@@ -27,6 +27,7 @@ class DataError(ValueError):
     (`raise_problems`)."""
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # JSON's spelling of a UTF-16 surrogate, paired or not
 _SHOWN_PROBLEMS = 20  # bad lines listed in one error; the rest are counted
 
 
@@ -162,6 +163,12 @@ def _json_line(line: str | bytes, number: int, source: str, expected: str, error
         raise error(f"{source}:{number}: JSON nested too deeply; expected {expected}") from None
     if not isinstance(row, dict):
         raise error(f"{source}:{number}: got a JSON {type(row).__name__}; expected {expected}")
+    if _SURROGATE_ESCAPE.search(line):
+        try:
+            json.dumps(row, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise error(f"{source}:{number}: an unpaired surrogate escape (\\ud800-\\udfff) is not text; "
+                        f"expected {expected}") from None
     return row
 
 
