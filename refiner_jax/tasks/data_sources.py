@@ -30,6 +30,10 @@ _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # A task's split -> the dataset splits that may hold it, first found wins (SVAMP's test is its "dev" file, which
 # `datasets` names "validation").
 SPLIT_NAMES = {"train": ("train",), "test": ("test", "validation")}
+# The split a data file holds, by the first word of its name (`train.parquet`, `test-00000-of-00001.parquet`).
+_FILE_SPLITS = {"train": "train", "training": "train", "test": "test", "testing": "test", "eval": "test",
+                "evaluation": "test", "validation": "validation", "valid": "validation", "val": "validation",
+                "dev": "validation"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +81,7 @@ def recorded(text: str) -> str:
 
 
 def _data_files(folder: str) -> list[str]:
-    return [p for p in glob.glob(os.path.join(folder, "**", "*"), recursive=True)
-            if p.endswith(DATA_SUFFIXES) and os.path.isfile(p)]
+    return sorted(p for p in glob.glob(os.path.join(folder, "*")) if p.endswith(DATA_SUFFIXES) and os.path.isfile(p))
 
 
 def reads_own_files(text: str, own_files: Iterable[str]) -> bool:
@@ -89,7 +92,7 @@ def reads_own_files(text: str, own_files: Iterable[str]) -> bool:
         return False
     if any(os.path.isfile(os.path.join(source.path, name)) for name in own_files):
         return True
-    return not (os.path.isdir(source.path) and _data_files(source.path))
+    return not (_data_files(source.path) or _data_files(os.path.join(source.path, "data")))
 
 
 def split_rows(text: str, split: str) -> tuple[str, list[dict]]:
@@ -138,14 +141,17 @@ def _split_files(text: str, source: Source) -> dict[str, list[str]]:
     if os.path.isfile(source.path):
         raise DataError(f"{source.path}: a single file holds no split; give split=PATH pairs, e.g. "
                         f"test={source.path}")
-    data_files = _datasets(text).data_files
-    try:
-        found = data_files.DataFilesDict.from_patterns(data_files.get_data_patterns(source.path),
-                                                       base_path=source.path)
-    except (OSError, ValueError) as e:
-        raise DataError(f"{source.path}: no data files named by split ({e}); expected e.g. train.parquet and "
-                        f"test.parquet ({', '.join(DATA_SUFFIXES)})") from e
-    return {str(split): [p for p in paths if p.endswith(DATA_SUFFIXES)] for split, paths in found.items()}
+    folder = source.path
+    files = _data_files(folder) or _data_files(os.path.join(folder, "data"))  # the hub's layout: data/
+    out: dict[str, list[str]] = {}
+    for path in files:
+        split = _FILE_SPLITS.get(re.split(r"[-._ ]", os.path.basename(path))[0].lower())
+        if split is not None:
+            out.setdefault(split, []).append(path)
+    if not out:
+        raise DataError(f"{folder}: no data file named by split; expected e.g. train.parquet and test.parquet "
+                        f"({', '.join(DATA_SUFFIXES)}) in it or in its data/ folder")
+    return out
 
 
 def _load_files(text: str, source: Source, split: str, paths: list[str]) -> tuple[str, list[dict]]:
@@ -199,7 +205,6 @@ def _rows(dataset) -> list[dict]:
 def _datasets(text: str):
     try:
         import datasets
-        import datasets.data_files
     except ImportError as e:
         raise DataError(f"{text}: reading data files or hub datasets needs the datasets package; "
                         "pip install datasets") from e
@@ -219,8 +224,9 @@ def _failure(text: str, source: Source, error: BaseException, config) -> str:
     while error.__cause__ is not None and "error occurred while generating" in str(error):
         error = error.__cause__  # the file's own problem, not datasets' wrapper
     if source.kind != "hub":
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return (f"{text}: not readable as data files ({type(error).__name__}: {first_line}); expected "
+        detail = " ".join(str(error).split())
+        detail = detail if len(detail) <= 300 else detail[:300] + "..."
+        return (f"{text}: not readable as data files ({type(error).__name__}: {detail}); expected "
                 f"{', '.join(DATA_SUFFIXES)} files of rows with the same fields")
     call = f"datasets.load_dataset({source.path!r}" + (f", {source.config!r})" if source.config else ")")
     if config.HF_HUB_OFFLINE:
