@@ -98,8 +98,13 @@ def test_split_pairs_and_the_hub_folder_layout(tmp_path):
     _parquet(tmp_path / "mine_b.parquet", rows[4:])
     _parquet(tmp_path / "hub" / "data" / "train-00000-of-00001.parquet", rows[:4])
     _parquet(tmp_path / "hub" / "data" / "test-00000-of-00001.parquet", rows[4:])
+    (tmp_path / "named").mkdir()
+    _jsonl(tmp_path / "named" / "train_v2.jsonl", rows[:4])
+    _jsonl(tmp_path / "named" / "dev.jsonl", rows[4:])  # a validation file serves as test when there is none
+    _parquet(tmp_path / "named" / "older" / "test.parquet", rows[:1])  # deeper folders are not read
     task = get_task("gsm8k", val_size=1)
-    for source in (f"train={tmp_path / 'mine_a.jsonl'},test={tmp_path / 'mine_b.parquet'}", str(tmp_path / "hub")):
+    for source in (f"train={tmp_path / 'mine_a.jsonl'},test={tmp_path / 'mine_b.parquet'}", str(tmp_path / "hub"),
+                   str(tmp_path / "named")):
         test = task.load("test", source)
         assert [(e.uid, e.x, e.y) for e in test] == [("gsm8k-test-0", "What is 4 + 1?", "5"),
                                                       ("gsm8k-test-1", "What is 5 + 1?", "6")]
