@@ -4,7 +4,9 @@
                                            `llama-mini`, 1.0M parameters); every stage runs on a laptop CPU
   --config=configs/refiner_mwp.py:t5       the same with T5 models of the same size (t5-tiny)
   --config=configs/refiner_mwp.py:svamp    train on MAWPS+ASDiv-A, test on SVAMP (`task.data_dir` = the folder
-                                           holding SVAMP's mawps-asdiv-a_svamp train.csv / dev.csv)
+                                           holding SVAMP's mawps-asdiv-a_svamp train.csv / dev.csv, or any source
+                                           of README's Data sources: train.parquet / test.parquet, split=PATH
+                                           pairs, a cached hub name)
   --config=configs/refiner_mwp.py:paper    UnifiedQA-T5-base generator and critic at the paper's hyper-parameters
                                            (an accelerator and a checkpoint directory or network access needed)
 Any field can be overridden: `--config.refiner.turns=4 --config.model.preset=t5-small`.

@@ -1,4 +1,5 @@
-"""Outcome- vs process-based feedback on GSM8K (`../shared/data/gsm8k`, or `--config.task.data_dir`).
+"""Outcome- vs process-based feedback on GSM8K (`../shared/data/gsm8k`, or `--config.task.data_dir`: another folder,
+a folder of `train.parquet` / `test.parquet`, or the hub's `openai/gsm8k:main` once cached; README, Data sources).
 
   --config=configs/rm_gsm8k.py          tiny: t5-tiny on a subword vocabulary learned from train, a few hundred
                                         problems per stage; runs end to end on a CPU (its error rates are near 100%:

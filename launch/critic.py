@@ -7,7 +7,9 @@ Input: one JSON object per line, {"question": ..., "hypothesis": ...} plus an op
 records with "feedback" added, and with --render_prompt a few-shot "prompt" that asks an LLM to revise the
 hypothesis given the feedback (built-in demonstrations for MWP only, other tasks get a zero-shot prompt;
 --demos=FILE.jsonl with question / hypothesis / feedback / revision per line gives or replaces them). Inputs longer
-than the critic's token budget are reported (raise it with --max_input). The logic lives in
+than the critic's token budget are reported (raise it with --max_input). The output is written to a temp file
+that replaces --output once complete; bad input lines are reported one by one and skipped, and make the exit
+status 1. The logic lives in
 `refiner_jax.refiner.critic_tool`.
 """
 import os
@@ -41,8 +43,7 @@ def main(argv):
     try:
         run = run_config.load_run(_WORKDIR.value)
         task = run.task()
-        records = critic_tool.read_jsonl(_INPUT.value)  # fail on a bad record before loading the model
-        critic_tool.records_to_examples(records, task, _INPUT.value)
+        critic_tool.usable_records(task, _INPUT.value)  # fail when no record is usable before loading the model
         demos = critic_tool.read_demonstrations(_DEMOS.value) if _DEMOS.value else None
     except (critic_tool.CriticInputError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}") from e
@@ -52,9 +53,12 @@ def main(argv):
     critic = critics.load_critic(run, task, batch_size=_BATCH.value)
     if _MAX_INPUT.value is not None:
         critic.model.max_input = _MAX_INPUT.value
-    n = critic_tool.run_tool(critic, critic.task, _INPUT.value, _OUTPUT.value, render=_RENDER.value,
-                             demonstrations=demos)
-    print(f"wrote feedback for {n} records to {_OUTPUT.value}")
+    result = critic_tool.run_tool(critic, critic.task, _INPUT.value, _OUTPUT.value, render=_RENDER.value,
+                                  demonstrations=demos)
+    print(f"wrote feedback for {result.written} records to {_OUTPUT.value}")
+    if result.problems:
+        raise SystemExit(f"error: skipped {len(result.problems)} bad line(s) of {_INPUT.value} (listed above); "
+                         "fix them and rerun for those records")
 
 
 if __name__ == "__main__":

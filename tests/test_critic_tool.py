@@ -43,7 +43,7 @@ def test_round_trip(tmp_path, mwp):
                                                                             "#1: add ( #0, number1 )",
                              "model": "some-llm"})])
     critic = RecordingCritic(mwp)
-    assert critic_tool.run_tool(critic, mwp, str(src), str(dst)) == 2
+    assert critic_tool.run_tool(critic, mwp, str(src), str(dst)) == critic_tool.ToolResult(2, ())
     out = [json.loads(line) for line in dst.read_text().splitlines()]
     assert out == [
         {"id": "a", "question": "Tom has number0 apples .", "hypothesis": "number0", "feedback": NO_HINT},
@@ -62,12 +62,36 @@ def test_round_trip(tmp_path, mwp):
     ('{"question": 3, "hypothesis": "h"}', r":2: \"question\" must be a string, got int"),
 ])
 def test_malformed_lines_name_line_and_format(tmp_path, mwp, line, expected):
-    src = tmp_path / "in.jsonl"
+    """A bad line is reported, naming the file, its line and the format, and skipped; the good lines are written."""
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     _write(src, ['{"question": "q", "hypothesis": "h"}', line])
-    with pytest.raises(critic_tool.CriticInputError, match=expected) as info:
-        critic_tool.run_tool(RecordingCritic(mwp), mwp, str(src), str(tmp_path / "out.jsonl"))
-    assert str(src) in str(info.value)
-    assert "question" in str(info.value) and "hypothesis" in str(info.value)
+    warned = []
+    result = critic_tool.run_tool(RecordingCritic(mwp), mwp, str(src), str(dst), warn=warned.append)
+    [problem] = result.problems
+    assert re.search(expected, problem) and str(src) in problem
+    assert "question" in problem and "hypothesis" in problem
+    assert warned == [f"skipped {problem}"]
+    assert [json.loads(x)["question"] for x in dst.read_text().splitlines()] == ["q"]
+    _write(src, [line])  # nothing usable: an error, and nothing written
+    with pytest.raises(critic_tool.CriticInputError, match=expected.replace(":2:", ":1:")):
+        critic_tool.run_tool(RecordingCritic(mwp), mwp, str(src), str(tmp_path / "none.jsonl"))
+    assert not (tmp_path / "none.jsonl").exists()
+
+
+def test_bad_bytes_and_empty_files(tmp_path, mwp):
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_bytes(b'{"question": "caf\xe9", "hypothesis": "h"}\n'
+                    b'{"question": "ok \\ud83d\\ude00", "hypothesis": "h"}\n'
+                    b'{"question": "q"}\n{"question": "\\ud800", "hypothesis": "h"}\n')
+    result = critic_tool.run_tool(RecordingCritic(mwp), mwp, str(src), str(dst), warn=lambda m: None)
+    assert result.written == 1 and [p.split(": ")[0] for p in result.problems] == [f"{src}:1", f"{src}:3",
+                                                                                  f"{src}:4"]
+    assert "not UTF-8 text (byte 0xe9" in result.problems[0] and '"hypothesis"' in result.problems[1]
+    assert "unpaired surrogate" in result.problems[2]
+    assert json.loads(dst.read_text(encoding="utf-8"))["question"] == "ok \U0001F600"  # a paired one is text
+    src.write_text("\n\n")
+    with pytest.raises(critic_tool.CriticInputError, match="in.jsonl: no records"):
+        critic_tool.run_tool(RecordingCritic(mwp), mwp, str(src), str(dst))
 
 
 def test_gold_fields_of_the_critic_inputs():
@@ -290,12 +314,18 @@ def test_interactive_session_loads_a_run_directory(tmp_path, monkeypatch):
     assert [name for name, *_ in loaded] == ["refiner"]
 
 
-def test_run_tool_checks_every_record_before_writing(tmp_path):
+def test_run_tool_skips_records_without_the_gold_field_and_writes_atomically(tmp_path):
     moral = get_task("moral_stories")
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     _write(src, [json.dumps({"question": "s", "hypothesis": "h", "y": "a"}),
                  json.dumps({"question": "s", "hypothesis": "h"})])
     dst.write_text("earlier results\n")
-    with pytest.raises(critic_tool.CriticInputError, match=":2: task 'moral_stories'"):
-        critic_tool.run_tool(RecordingCritic(moral), moral, str(src), str(dst))
-    assert dst.read_text() == "earlier results\n"
+    result = critic_tool.run_tool(RecordingCritic(moral), moral, str(src), str(dst), warn=lambda m: None)
+    assert result.written == 1 and ":2: task 'moral_stories'" in result.problems[0]
+    assert [json.loads(x)["y"] for x in dst.read_text().splitlines()] == ["a"]
+    failing = critics.CallableCritic(lambda examples, hypotheses: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        critic_tool.run_tool(failing, moral, str(src), str(dst), warn=lambda m: None)
+    # a failed run leaves the earlier output whole, and no temp file behind
+    assert [json.loads(x)["y"] for x in dst.read_text().splitlines()] == ["a"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]

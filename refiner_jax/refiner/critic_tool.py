@@ -18,14 +18,15 @@ import json
 import os
 import random
 import sys
+import tempfile
 from typing import Any, Callable, Iterable, Sequence
 
 from refiner_jax.refiner import critics, feedback_loop
-from refiner_jax.tasks.base import (DEFAULT_REFINE_TEMPLATE, NO_HINT, Example, Task, as_task_question, json_objects,
-                                    gold_fields_read, is_no_hint)
+from refiner_jax.tasks.base import (DEFAULT_REFINE_TEMPLATE, NO_HINT, DataError, Example, Task, as_task_question,
+                                    gold_fields_read, is_no_hint, json_objects, raise_problems)
 
 
-class CriticInputError(ValueError):
+class CriticInputError(DataError):
     """A malformed input or demonstrations file; the message names the file, the line and what was expected."""
 
 
@@ -35,28 +36,40 @@ _RECORD_HELP = ('one JSON object per line: {"question": "<problem text>", "hypot
                 'with optional "id" (and "y" where the task\'s critic reads the gold answer)')
 
 
-def read_records(lines: Iterable[str], source: str = "<input>") -> list[dict]:
-    """Parses and checks JSONL records (blank lines skipped); raises CriticInputError naming the line."""
+def read_records(lines: Iterable[str | bytes], source: str = "<input>",
+                 problems: list[str] | None = None) -> list[dict]:
+    """Parses and checks JSONL records (blank lines skipped); raises CriticInputError naming the line, or with
+    `problems` adds its message there and skips the line."""
     records = []
-    for number, record in json_objects(lines, source, _RECORD_HELP, CriticInputError):
-        where = f"{source}:{number}"
-        for key in ("question", "hypothesis"):
-            if key not in record:
-                raise CriticInputError(f"{where}: missing \"{key}\" (keys: {sorted(record)}); expected {_RECORD_HELP}")
-            if not isinstance(record[key], str):
-                raise CriticInputError(f"{where}: \"{key}\" must be a string, got {type(record[key]).__name__}; "
-                                       f"expected {_RECORD_HELP}")
-        if "y" in record and not isinstance(record["y"], str):
-            raise CriticInputError(f"{where}: \"y\" must be a string, got {type(record['y']).__name__}")
-        records.append({**record, "_line": number})
+    for number, record in json_objects(lines, source, _RECORD_HELP, CriticInputError, problems):
+        problem = _record_problem(record, f"{source}:{number}")
+        if problem is None:
+            records.append({**record, "_line": number})
+        elif problems is None:
+            raise CriticInputError(problem)
+        else:
+            problems.append(problem)
     return records
 
 
-def read_jsonl(path: str) -> list[dict]:
+def _record_problem(record: dict, where: str) -> str | None:
+    for key in ("question", "hypothesis"):
+        if key not in record:
+            return f"{where}: missing \"{key}\" (keys: {sorted(record)}); expected {_RECORD_HELP}"
+        if not isinstance(record[key], str):
+            return (f"{where}: \"{key}\" must be a string, got {type(record[key]).__name__}; "
+                    f"expected {_RECORD_HELP}")
+    if "y" in record and not isinstance(record["y"], str):
+        return f"{where}: \"y\" must be a string, got {type(record['y']).__name__}"
+    return None
+
+
+def read_jsonl(path: str, problems: list[str] | None = None) -> list[dict]:
+    """The records of a JSONL file (`read_records`)."""
     if not os.path.isfile(path):
         raise CriticInputError(f"{path}: input file not found; expected {_RECORD_HELP}")
-    with open(path, encoding="utf-8") as f:
-        return read_records(f, path)
+    with open(path, "rb") as f:
+        return read_records(f, path, problems)
 
 
 def records_to_examples(records: Sequence[dict], task: Task, source: str = "<input>") -> list[Example]:
@@ -156,7 +169,7 @@ def read_demonstrations(path: str) -> list[Demonstration]:
     out = []
     fields = [fld.name for fld in dataclasses.fields(Demonstration)]
     expected = f"a JSON object with string fields {fields}"
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         for number, record in json_objects(f, path, expected, CriticInputError):
             if not all(isinstance(record.get(k), str) for k in fields):
                 raise CriticInputError(f"{path}:{number}: expected {expected}")
@@ -215,27 +228,62 @@ def budget_warning(critic: critics.Critic, examples: Sequence[Example], hypothes
             f"--max_input={max(lengths)} (the critic was trained on inputs of at most {budget} tokens)")
 
 
+@dataclasses.dataclass(frozen=True)
+class ToolResult:
+    """What `run_tool` did: records written, and one message per input line it skipped (file, line, field)."""
+
+    written: int
+    problems: tuple[str, ...]
+
+
+def usable_records(task: Task, input_path: str) -> tuple[list[dict], list[str]]:
+    """(the input's good records, one message per bad line); raises CriticInputError when no record is usable or
+    the task's critic cannot read external records at all."""
+    problems: list[str] = []
+    records_to_examples([], task, input_path)  # a critic that reads the gold z takes no external record at all
+    good = []
+    for record in read_jsonl(input_path, problems):
+        try:
+            records_to_examples([record], task, input_path)  # a gold field the critic reads may be missing
+            good.append(record)
+        except CriticInputError as e:
+            problems.append(str(e))
+    if not good:
+        raise_problems(problems, input_path, CriticInputError)
+        raise CriticInputError(f"{input_path}: no records; expected {_RECORD_HELP}")
+    return good, problems
+
+
 def run_tool(critic: critics.Critic, task: Task, input_path: str, output_path: str, render: bool = False,
              demonstrations: Sequence[Demonstration] | None = None, chunk_size: int = 1024,
-             warn: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> int:
-    """Reads `input_path` (all lines are checked first), writes the annotated records to `output_path` in chunks
-    of `chunk_size`; returns the number of records written. Inputs over a trained critic's token budget are
-    reported through `warn`."""
+             warn: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> ToolResult:
+    """Reads `input_path`, writes its good records annotated to `output_path` (chunks of `chunk_size`, into a temp
+    file that replaces `output_path` only once complete) and reports each bad line through `warn`, skipping it.
+    Inputs over a trained critic's token budget are reported through `warn` too."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    records = read_jsonl(input_path)
-    examples = records_to_examples(records, task, input_path)  # every record is checked before writing
+    records, problems = usable_records(task, input_path)
+    for problem in problems:
+        warn(f"skipped {problem}")
+    examples = records_to_examples(records, task, input_path)
     message = budget_warning(critic, examples, [r["hypothesis"] for r in records])
     if message:
         warn(message)
     fmt = prompt_format(task.name, demonstrations) if render else None
     written = 0
-    with open(output_path, "w", encoding="utf-8") as f:
-        for start in range(0, len(records), chunk_size):
-            for record in annotate(records[start:start + chunk_size], critic, task, fmt, input_path):
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
-                written += 1
-    return written
+    folder, name = os.path.split(os.path.abspath(output_path))
+    handle, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as f:
+            for start in range(0, len(records), chunk_size):
+                for record in annotate(records[start:start + chunk_size], critic, task, fmt, input_path):
+                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    written += 1
+        os.replace(temp, output_path)
+    finally:
+        if os.path.exists(temp):
+            os.remove(temp)
+    return ToolResult(written, tuple(problems))
 
 
 # ----------------------------------------------------------------------------------------------- interactive

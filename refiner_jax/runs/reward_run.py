@@ -31,7 +31,7 @@ from refiner_jax.models.reward_model import RewardModel, reference_lm, step_log_
 from refiner_jax.models.language_model import LanguageModel
 from refiner_jax.text_model import TextModel
 from refiner_jax.tasks.base import Example, Task
-from refiner_jax.tasks.prm800k import read_prm800k
+from refiner_jax.tasks.dataset_rows import read_step_labels
 from refiner_jax.refiner import stage_data
 from refiner_jax.runs import run_setup
 from refiner_jax.runs import results as results_lib
@@ -141,7 +141,7 @@ class Run:
         train_samples = self.samples("sft", "sft_train", self.train, r.samples, self.config.seed)
         if kind == "prm" and r.labels_file:
             data = [reward_labels.LabelledSolution(s.question, s.text, s.steps, s.labels)
-                    for s in read_prm800k(r.labels_file, neutral=r.neutral)]
+                    for s in read_step_labels(r.labels_file, neutral=r.neutral)]
             if not data:
                 raise config_lib.ConfigError(f"config.reward.labels_file {r.labels_file} holds no labelled solution")
         else:

@@ -51,6 +51,8 @@ def base_config() -> ml_collections.ConfigDict:
     # reward models, expert iteration, K-sample selection (`runs.reward_run`).
     c.pipeline = "refiner"
 
+    # `data_dir`: the task's data source (`tasks.data_sources`): a folder (the task's own files, or data files named by
+    # split), `train=PATH,test=PATH`, or a hub name such as `openai/gsm8k:main`; "" for the task's default.
     # `extra_problems`: that many problems of the task's generator (disjoint from every split) join the training
     # problems of every model of the run alike; 0, as in both papers, trains every model on the training split only.
     c.task = ml_collections.ConfigDict({"name": "mwp", "data_dir": "", "options": {}, "extra_problems": 0})

@@ -24,7 +24,7 @@ from refiner_jax.models.language_model import load_checkpoint, preset_config
 from refiner_jax.models.t5_config import T5Config
 from refiner_jax.runs import run_config as config_lib
 from refiner_jax.runs import run_lock
-from refiner_jax.tasks import get_task
+from refiner_jax.tasks import data_sources, get_task
 from refiner_jax.tasks.base import NO_HINT, Example, Task, refine_input
 from refiner_jax.tokenizers import (ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer, padded_vocab_size,
                                     train_subword_tokenizer)
@@ -40,8 +40,8 @@ def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> bo
         return False
     new = json.loads(config.to_json())
     old = json.loads(config_lib.load(workdir).to_json())  # a field added since the run was made had its default
-    if old["task"]["data_dir"]:  # recorded relative by older runs: compare the folders themselves
-        old["task"]["data_dir"] = os.path.abspath(old["task"]["data_dir"])
+    # recorded relative by older runs: compare the folders themselves
+    old["task"]["data_dir"] = data_sources.recorded(old["task"]["data_dir"])
     for section in _FROZEN_SECTIONS:
         if old.get(section) != new.get(section):
             raise config_lib.ConfigError(
@@ -144,8 +144,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ..
     unknown = set(stages) - set(known)
     if unknown:
         raise config_lib.ConfigError(f"unknown stages {sorted(unknown)}; choose from {known}")
-    if config.task.data_dir:  # recorded absolute, so evaluation and the tools find the data from any directory
-        config.task.data_dir = os.path.abspath(os.path.expanduser(config.task.data_dir))
+    # local paths recorded absolute, so evaluation and the tools find the data from any directory
+    config.task.data_dir = data_sources.recorded(config.task.data_dir)
     os.makedirs(workdir, exist_ok=True)
     lock = run_lock.acquire(workdir) if shd.is_main_process() else None
     try:

@@ -22,7 +22,24 @@ DEFAULT_REFINE_TEMPLATE = "{x} Previous Answer: {z} Feedback: {f}"
 
 
 class DataError(ValueError):
-    """A data file is missing or malformed; the message names the file and what was expected."""
+    """Bad input data: a missing source, or malformed lines or fields. The message names the file (or dataset), the
+    line or row and the field, and what was expected; a file with several bad lines gets one message line each
+    (`raise_problems`)."""
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # JSON's spelling of a UTF-16 surrogate, paired or not
+_SHOWN_PROBLEMS = 20  # bad lines listed in one error; the rest are counted
+
+
+def raise_problems(problems: Sequence[str], source: str, error: type[Exception] = DataError) -> None:
+    """Raises `error` listing every bad line of `source` (one message line each; a single one is the message
+    itself); nothing when `problems` is empty."""
+    if len(problems) == 1:
+        raise error(problems[0])
+    if problems:
+        more = len(problems) - _SHOWN_PROBLEMS
+        raise error(f"{source}: {len(problems)} bad lines:\n" + "\n".join(problems[:_SHOWN_PROBLEMS])
+                    + (f"\n... and {more} more" if more > 0 else ""))
 
 
 def shared_data_dir(*parts: str) -> str:
@@ -110,21 +127,49 @@ class Task(Protocol):
         """Task metrics of predicted hypotheses against the examples' gold ones (per-example means)."""
 
 
-def json_objects(lines: Iterable[str], source: str, expected: str,
-                 error: type[Exception] = DataError) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for each non-blank line of a JSON-lines text (`lines`: an open file, stdin, a list).
-    A line that is not a JSON object raises `error` naming `source`, the line and what was `expected`."""
+def json_objects(lines: Iterable[str | bytes], source: str, expected: str, error: type[Exception] = DataError,
+                 problems: list[str] | None = None) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSON-lines text (`lines`: an open file, text or binary,
+    stdin, a list). A line that is not UTF-8 or not a JSON object raises `error` naming `source`, the line and what
+    was `expected`; with `problems` its message is added there instead and the line skipped."""
     for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise error(f"{source}:{number}: not valid JSON ({e.msg} at column {e.colno}); "
+            row = _json_line(line, number, source, expected, error)
+        except error as e:
+            if problems is None:
+                raise
+            problems.append(str(e))
+            continue
+        if row is not None:
+            yield number, row
+
+
+def _json_line(line: str | bytes, number: int, source: str, expected: str, error: type[Exception]) -> dict | None:
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as e:
+            raise error(f"{source}:{number}: not UTF-8 text (byte 0x{line[e.start]:02x} at byte {e.start + 1} of the "
+                        f"line); save the file as UTF-8; expected {expected}") from None
+    elif number == 1:
+        line = line.removeprefix("\ufeff")
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line.rstrip("\r\n"))
+    except json.JSONDecodeError as e:
+        raise error(f"{source}:{number}: not valid JSON ({e.msg} at column {e.colno}); expected {expected}") from None
+    except RecursionError:
+        raise error(f"{source}:{number}: JSON nested too deeply; expected {expected}") from None
+    if not isinstance(row, dict):
+        raise error(f"{source}:{number}: got a JSON {type(row).__name__}; expected {expected}")
+    if _SURROGATE_ESCAPE.search(line):
+        try:
+            json.dumps(row, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise error(f"{source}:{number}: an unpaired surrogate escape (\\ud800-\\udfff) is not text; "
                         f"expected {expected}") from None
-        if not isinstance(row, dict):
-            raise error(f"{source}:{number}: got a JSON {type(row).__name__}; expected {expected}")
-        yield number, row
+    return row
 
 
 def refine_input(x: str, hypothesis: str, feedback: str, template: str = DEFAULT_REFINE_TEMPLATE) -> str:

@@ -23,7 +23,7 @@ import dataclasses
 import gzip
 import pathlib
 
-from refiner_jax.tasks.base import DataError, json_objects
+from refiner_jax.tasks.base import DataError, json_objects, raise_problems
 
 NEUTRAL_MODES = ("positive", "negative", "skip")
 RATINGS = (-1, 0, 1)
@@ -98,9 +98,10 @@ def _solution_steps(steps, where: str) -> list[tuple[str, int]]:
 
 
 def read_prm800k(path, neutral: str = "positive", skip_quality_control: bool = True,
-                 max_records: int | None = None) -> list[LabelledSolution]:
+                 max_records: int | None = None, row_reader=None) -> list[LabelledSolution]:
     """The labelled solutions of a PRM800K-style `.jsonl` (or `.jsonl.gz`) file, in file order, at most
-    `max_records`; `DataError` names the file, line and what was expected."""
+    `max_records`; `DataError` names the file and each bad line. `row_reader(row, where, uid, neutral)` reads other
+    layouts' lines (`dataset_rows.step_label_row`)."""
     if neutral not in NEUTRAL_MODES:
         raise ValueError(f"unknown neutral mode {neutral!r}; choose one of {NEUTRAL_MODES}")
     path = pathlib.Path(path)
@@ -109,23 +110,33 @@ def read_prm800k(path, neutral: str = "positive", skip_quality_control: bool = T
                         "one labelled solution per line with 'question' and 'label'")
     stem = path.name.removesuffix(".gz").removesuffix(".jsonl")
     records: list[LabelledSolution] = []
+    problems: list[str] = []
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, row in json_objects(f, str(path), "an object with 'question' and 'label' (PRM800K)"):
+        with opener(path, "rb") as f:
+            for lineno, row in json_objects(f, str(path), "an object with 'question' and 'label' (PRM800K)",
+                                            problems=problems):
                 if max_records is not None and len(records) >= max_records:
                     break
-                record = _read_row(row, f"{path}:{lineno}", f"{stem}:{lineno}", neutral, skip_quality_control)
+                where, uid = f"{path}:{lineno}", f"{stem}:{lineno}"
+                try:
+                    record = (solution_from_row(row, where, uid, neutral, skip_quality_control) if row_reader is None
+                              else row_reader(row, where, uid, neutral))
+                except DataError as e:
+                    problems.append(str(e))
+                    continue
                 if record is not None:
                     records.append(record)
-    except (OSError, EOFError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: not a readable UTF-8 JSON lines file ({e}); "
-                        "expected .jsonl or gzipped .jsonl.gz") from e
+    except (OSError, EOFError) as e:
+        raise DataError(f"{path}: not a readable JSON lines file ({e}); expected .jsonl or gzipped .jsonl.gz") from e
+    raise_problems(problems, str(path))
     return records
 
 
-def _read_row(row: dict, where: str, uid: str, neutral: str, skip_quality_control: bool) -> LabelledSolution | None:
-    """One line's solution; None for a skipped line (quality control, screening) or a solution with no steps."""
+def solution_from_row(row: dict, where: str, uid: str, neutral: str,
+                      skip_quality_control: bool) -> LabelledSolution | None:
+    """One PRM800K line's solution; None for a skipped line (quality control, screening) or a solution with no
+    steps."""
     if skip_quality_control and (row.get("is_quality_control_question") or row.get("is_initial_screening_question")):
         return None
     question, label = row.get("question"), row.get("label")
@@ -133,7 +144,15 @@ def _read_row(row: dict, where: str, uid: str, neutral: str, skip_quality_contro
         raise DataError(f"{where}: no 'question' with a string 'problem'; expected PRM800K's question object")
     if not isinstance(label, dict) or not isinstance(label.get("steps"), list):
         raise DataError(f"{where}: no 'label' with a list 'steps'; expected PRM800K's label object")
-    kept = [(text, r) for text, r in _solution_steps(label["steps"], where) if not (r == 0 and neutral == "skip")]
+    return labelled_solution(uid, question["problem"], _solution_steps(label["steps"], where),
+                             label.get("finish_reason"), neutral)
+
+
+def labelled_solution(uid: str, question: str, rated: list[tuple[str, int]], finish: str | None,
+                      neutral: str) -> LabelledSolution | None:
+    """The solution of (text, rating) steps as a PRM reads it: 0 ratings mapped by `neutral`, cut after the first
+    wrong step; None when no step is left. `finish` is PRM800K's finish_reason ("solution": finished)."""
+    kept = [(text, r) for text, r in rated if not (r == 0 and neutral == "skip")]
     if not kept:
         return None
     correct = [r > 0 or (r == 0 and neutral == "positive") for _, r in kept]
@@ -141,7 +160,5 @@ def _read_row(row: dict, where: str, uid: str, neutral: str, skip_quality_contro
         end = correct.index(False) + 1
         kept, correct = kept[:end], correct[:end]
     labels = tuple(all(correct[:i + 1]) for i in range(len(correct)))
-    finish = label.get("finish_reason")
     outcome = False if not all(correct) else None if finish is None else finish == "solution"
-    return LabelledSolution(uid, question["problem"], tuple(t for t, _ in kept), tuple(r for _, r in kept),
-                            labels, outcome)
+    return LabelledSolution(uid, question, tuple(t for t, _ in kept), tuple(r for _, r in kept), labels, outcome)

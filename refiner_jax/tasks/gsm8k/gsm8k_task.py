@@ -17,7 +17,9 @@ import re
 from fractions import Fraction
 from typing import Sequence
 
-from refiner_jax.tasks.base import NO_HINT, DataError, Example, Feedback, StepError, json_objects, shared_data_dir
+from refiner_jax.tasks import data_sources, dataset_rows
+from refiner_jax.tasks.base import (NO_HINT, DataError, Example, Feedback, StepError, json_objects, raise_problems,
+                                    shared_data_dir)
 from refiner_jax.tasks.gsm8k.answers import _answer_value, answers_match, extract_answer, has_answer_marker
 from refiner_jax.tasks.gsm8k.calculator import (CalcError, _literal_value, evaluate_expression, format_number,
                                                 parse_number)
@@ -37,17 +39,46 @@ def read_jsonl(path: pathlib.Path) -> list[dict]:
     if not path.is_file():
         raise DataError(f"{path}: file not found; expected GSM8K JSON lines with 'question' and 'answer' "
                         "(pass data_dir= or set REFINER_DATA)")
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, row in json_objects(f, str(path), "one object per line with 'question' and 'answer'"):
-            if not all(isinstance(row.get(k), str) for k in ("question", "answer")):
-                raise DataError(f"{path}:{lineno}: expected an object with string fields 'question' and 'answer'")
-            if extract_answer(row["answer"], strict=True) is None:
-                raise DataError(f"{path}:{lineno}: the 'answer' has no final '#### <number>' line")
-            rows.append(row)
+    rows, problems = [], []
+    with open(path, "rb") as f:
+        for lineno, row in json_objects(f, str(path), "one object per line with 'question' and 'answer'",
+                                        problems=problems):
+            try:
+                rows.append(checked_record(row, f"{path}:{lineno}"))
+            except DataError as e:
+                problems.append(str(e))
+    raise_problems(problems, str(path))
     if not rows:
         raise DataError(f"{path}: no records; expected GSM8K JSON lines with 'question' and 'answer'")
     return rows
+
+
+def checked_record(row: dict, where: str) -> dict:
+    """`row` when it is a GSM8K record (string 'question' and 'answer', the answer ending in '#### <number>');
+    else `DataError` naming `where` and the field."""
+    for key in ("question", "answer"):
+        if not isinstance(row.get(key), str):
+            got = "missing" if row.get(key) is None else f"a {type(row[key]).__name__}"
+            raise DataError(f"{where}: field '{key}' is {got}; expected an object with string fields 'question' and "
+                            "'answer'")
+    if extract_answer(row["answer"], strict=True) is None:
+        raise DataError(f"{where}: the 'answer' has no final '#### <number>' line")
+    return row
+
+
+def _dataset_records(source: str, split: str) -> list[dict]:
+    """GSM8K records of `split` from data files or a hub dataset (`data_sources`)."""
+    where, rows = data_sources.split_rows(source, split)
+    records, problems = [], []
+    for i, row in enumerate(rows):
+        try:
+            records.append(checked_record(dataset_rows.gsm8k_record(row), f"{where}: row {i + 1}"))
+        except DataError as e:
+            problems.append(str(e))
+    raise_problems(problems, where)
+    if not records:
+        raise DataError(f"{where}: no records; expected GSM8K rows with 'question' and 'answer'")
+    return records
 
 
 class GSM8KTask:
@@ -75,16 +106,20 @@ class GSM8KTask:
             raise ValueError(f"unknown split {split!r}; choose one of {sorted(SPLIT_FILES)}")
         if kwargs:
             raise TypeError(f"unexpected options {sorted(kwargs)}; set val_size/seed on the task")
-        root = pathlib.Path(data_dir or self.data_dir or default_data_dir())
-        rows = read_jsonl(root / SPLIT_FILES[split])
+        root = str(data_dir or self.data_dir or default_data_dir())
+        file_split = "test" if split == "test" else "train"
+        if data_sources.reads_own_files(root, set(SPLIT_FILES.values())):
+            where = pathlib.Path(root) / SPLIT_FILES[split]
+            rows = read_jsonl(where)
+        else:
+            where, rows = root, _dataset_records(root, file_split)
         indices = list(range(len(rows)))
         if split in ("train", "val"):
             if self.val_size >= len(rows):
-                raise DataError(f"{root / SPLIT_FILES[split]}: {len(rows)} problems cannot spare val_size="
+                raise DataError(f"{where}: {len(rows)} problems cannot spare val_size="
                                 f"{self.val_size} for validation")
             held_out = set(random.Random(self.seed).sample(indices, self.val_size))
             indices = sorted(held_out) if split == "val" else [i for i in indices if i not in held_out]
-        file_split = "test" if split == "test" else "train"
         return [self._example(f"gsm8k-{file_split}-{i}", rows[i]) for i in indices]
 
     @staticmethod

@@ -25,7 +25,7 @@ import re
 from typing import Sequence
 
 from refiner_jax.tasks import text_metrics
-from refiner_jax.tasks.base import NO_HINT, DataError, Example, Feedback, StepError, shared_data_dir
+from refiner_jax.tasks.base import NO_HINT, DataError, Example, Feedback, StepError, raise_problems, shared_data_dir
 from refiner_jax.tasks.moral_stories.norms import (ParsedNorm, _clean, _strip_end, action_overlap, content_stems,
                                                    parse_norm, render_norm)
 from refiner_jax.tasks.moral_stories.verb_phrases import story_verb_phrases
@@ -66,19 +66,33 @@ def read_actor_file(path: pathlib.Path) -> list[dict]:
             records = json.load(f)
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); expected {expected}") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (byte {e.start + 1}); save it as UTF-8; expected {expected}") from None
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested too deeply; expected {expected}") from None
     if not isinstance(records, list) or not records:
         got = "an empty list" if records == [] else type(records).__name__
         raise DataError(f"{path}: expected {expected}, got {got}")
-    for i, rec in enumerate(records):
-        if not isinstance(rec, dict) or not all(isinstance(rec.get(k), str)
-                                                for k in ("id", "actor_input", "actor_output")):
-            raise DataError(f"{path}: record {i}: expected string fields 'id', 'actor_input', 'actor_output'")
-        if parse_input(rec["actor_input"]) is None:
-            raise DataError(f"{path}: record {i} ({rec['id']}): 'actor_input' must read "
-                            "'<|SIT|> ... <|INT|> ... <|I_ACT|> ... <|NRM|>'")
-        if rec["actor_output"].count(M_ACT) != 1 or not all(split_output(rec["actor_output"])):
-            raise DataError(f"{path}: record {i} ({rec['id']}): 'actor_output' must read 'norm <|M_ACT|> action'")
+    problems = [p for p in (_record_problem(path, i, rec) for i, rec in enumerate(records)) if p]
+    raise_problems(problems, str(path))
     return records
+
+
+def _record_problem(path: pathlib.Path, i: int, rec) -> str | None:
+    """What is wrong with record `i` of an actor file, or None."""
+    if not isinstance(rec, dict):
+        return (f"{path}: record {i}: a JSON {type(rec).__name__}; expected an object with 'id', 'actor_input', "
+                "'actor_output'")
+    wrong = [k for k in ("id", "actor_input", "actor_output") if not isinstance(rec.get(k), str)]
+    if wrong:
+        return (f"{path}: record {i}: field '{wrong[0]}' is not a string; expected string fields 'id', "
+                "'actor_input', 'actor_output'")
+    if parse_input(rec["actor_input"]) is None:
+        return (f"{path}: record {i} ({rec['id']!r}): 'actor_input' must read "
+                "'<|SIT|> ... <|INT|> ... <|I_ACT|> ... <|NRM|>'")
+    if rec["actor_output"].count(M_ACT) != 1 or not all(split_output(rec["actor_output"])):
+        return f"{path}: record {i} ({rec['id']!r}): 'actor_output' must read 'norm <|M_ACT|> action'"
+    return None
 
 
 class MoralStoriesTask:

@@ -24,6 +24,8 @@ _PREFIX_OPS = {"+": "add", "-": "subtract", "*": "multiply", "/": "divide"}
 _OP_ALIASES = {"substract": "subtract"}  # REFINER's train/val spelling
 _END_MARKERS = frozenset({"EOS", "<END>"})  # REFINER's trailing end markers, ignored by the parser
 
+MAX_PREFIX_DEPTH = 200  # operators nested in one prefix equation (a bound on recursion, far above any dataset's)
+
 _ARG_RE = re.compile(r"number(\d+)|#(\d+)|(-?\d+(?:\.\d+)?)")
 _STEP_RE = re.compile(r"#\s*(\d+)\s*:\s*([A-Za-z]+)\s*\(\s*([^\s,()]+)\s*,\s*([^\s,()]+)\s*\)")
 
@@ -148,15 +150,17 @@ def compile_prefix(equation: str) -> Formula:
     steps: list[Step] = []
     pos = 0
 
-    def walk() -> Arg:  # the argument naming the subtree that starts at tokens[pos]
+    def walk(depth: int) -> Arg:  # the argument naming the subtree that starts at tokens[pos]
         nonlocal pos
         if pos >= len(tokens):
             raise ValueError(f"equation {equation!r} ends early (an operator lacks operands)")
+        if depth > MAX_PREFIX_DEPTH:
+            raise ValueError(f"equation nested more than {MAX_PREFIX_DEPTH} operators deep: {equation[:60]!r}...")
         token = tokens[pos]
         pos += 1
         if token in _PREFIX_OPS:
-            first = walk()
-            second = walk()
+            first = walk(depth + 1)
+            second = walk(depth + 1)
             steps.append(Step(_PREFIX_OPS[token], first, second))
             return Arg("ref", len(steps) - 1, f"#{len(steps) - 1}")
         arg = _parse_arg(token)
@@ -164,7 +168,7 @@ def compile_prefix(equation: str) -> Formula:
             raise ValueError(f"equation {equation!r} has a bad token {token!r}")
         return arg
 
-    root = walk()
+    root = walk(0)
     if pos != len(tokens):
         raise ValueError(f"equation {equation!r} has trailing tokens {tokens[pos:]}")
     return Formula(tuple(steps)) if steps else Formula((), root)

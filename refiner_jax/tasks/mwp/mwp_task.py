@@ -9,6 +9,7 @@ import os
 import random
 from typing import Mapping, Sequence
 
+from refiner_jax.tasks import data_sources
 from refiner_jax.tasks.base import Example, Feedback, StepError
 from refiner_jax.tasks.mwp import synthetic
 from refiner_jax.tasks.mwp.formula import (Formula, Step, _parse_step, _pieces, answers_match, execute,
@@ -16,7 +17,8 @@ from refiner_jax.tasks.mwp.formula import (Formula, Step, _parse_step, _pieces, 
 from refiner_jax.tasks.mwp.oracle import ERROR_KINDS, _Interner, equivalent, feedback_text, oracle_errors
 from refiner_jax.tasks.mwp.perturbations import (DEFAULT_PERTURBATION_WEIGHTS, PERTURBATIONS, _PERTURBERS,
                                                  _equivalent_rewrite, _extra_step)
-from refiner_jax.tasks.mwp.svamp_data import _example_from_fields, _examples_from_csv, heldout_split
+from refiner_jax.tasks.mwp.svamp_data import (_example_from_fields, _examples_from_csv, examples_from_dataset,
+                                              heldout_split)
 
 
 class MWPTask:
@@ -60,17 +62,22 @@ class MWPTask:
     def load(self, split: str, data_dir: str | None = None, **kwargs) -> list[Example]:
         """Examples of "train", "val" or "test". `data_dir=None`: the embedded synthetic generator. Otherwise the
         folder of SVAMP's `mawps-asdiv-a_svamp` csvs: train/val come from `train.csv` (val = a seeded held-out
-        slice), test is `dev.csv` (SVAMP)."""
+        slice), test is `dev.csv` (SVAMP); or data files or a hub dataset with train and test splits in either SVAMP
+        layout (`tasks.data_sources`, `tasks.dataset_rows`)."""
         if split not in ("train", "val", "test"):
             raise ValueError(f"unknown split {split!r}; choose train, val or test")
         if kwargs:
             raise TypeError(f"unexpected options for MWPTask.load: {sorted(kwargs)}")
         if data_dir is None:
             return list(self._synthetic()[split])
+        own = data_sources.reads_own_files(data_dir, ("train.csv", "dev.csv"))
         if split == "test":
-            return _examples_from_csv(os.path.join(data_dir, "dev.csv"), "svamp", self.lowercase)
-        train, val = heldout_split(_examples_from_csv(os.path.join(data_dir, "train.csv"), "mawps", self.lowercase),
-                                   self.val_size, self.seed)
+            if own:
+                return _examples_from_csv(os.path.join(data_dir, "dev.csv"), "svamp", self.lowercase)
+            return examples_from_dataset(data_dir, "test", "svamp", self.lowercase)
+        train = (_examples_from_csv(os.path.join(data_dir, "train.csv"), "mawps", self.lowercase) if own
+                 else examples_from_dataset(data_dir, "train", "mawps", self.lowercase))
+        train, val = heldout_split(train, self.val_size, self.seed)
         return train if split == "train" else val
 
     def fresh_problems(self, n: int, data_dir: str | None = None) -> list[Example]:

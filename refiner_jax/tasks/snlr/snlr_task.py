@@ -14,7 +14,7 @@ import os
 import random
 from typing import Any, Mapping, Sequence
 
-from refiner_jax.tasks.base import DataError, Example, Feedback
+from refiner_jax.tasks.base import DataError, Example, Feedback, raise_problems
 from refiner_jax.tasks.snlr.chain_oracle import ERROR_KINDS, feedback_from_errors, oracle_errors, read_statement
 from refiner_jax.tasks.snlr.chains import (CHAIN_STYLES, Step, build_chain, build_steps, fired_applications, serialize,
                                            split_steps)
@@ -88,12 +88,19 @@ class SNLRTask:
                 records = json.load(f)
         except FileNotFoundError:
             raise DataError(f"{path}: file not found; expected {expected}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
             raise DataError(f"{path}: not valid JSON ({err}); expected {expected}") from None
         if not isinstance(records, list) or not records:
             raise DataError(f"{path}: expected {expected}, got "
                             f"{'an empty list' if records == [] else type(records).__name__}")
-        return [self.example_from_record(r, f"snlr-{split}-{i}", f"{path}: record {i}") for i, r in enumerate(records)]
+        examples, problems = [], []
+        for i, record in enumerate(records):
+            try:
+                examples.append(self.example_from_record(record, f"snlr-{split}-{i}", f"{path}: record {i}"))
+            except DataError as e:
+                problems.append(str(e))
+        raise_problems(problems, path)
+        return examples
 
     # ---- critic
 
