@@ -1,11 +1,14 @@
-"""Helpers shared by test files: padded random prompts, counting XLA compilations, and a reference greedy decode
-loop of the decoder-only LM (what the library's sampler is checked against)."""
+"""Helpers shared by test files: padded random prompts, counting XLA compilations, a reference greedy decode loop of
+the decoder-only LM (what the library's sampler is checked against), and torch for the transformers-parity tests."""
 import contextlib
 import functools
+import importlib.metadata
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
+from packaging.requirements import Requirement
 
 from refiner_jax.models.decoder import Decoder, init_cache
 from refiner_jax.models.decoder_config import DecoderConfig
@@ -70,3 +73,24 @@ def greedy_generate(config: DecoderConfig, params: dict, tokens: jax.Array, mask
     done = jnp.zeros((tokens.shape[0],), bool)
     _, new = jax.lax.scan(step, (logits, cache, done), None, length=max_new_tokens)  # [max_new_tokens, batch]
     return new.T
+
+
+def _test_extra_requires(name: str) -> bool:
+    """Whether `pip install -e '.[test]'` installs `name` on this Python (the markers in setup.py decide)."""
+    try:
+        requirements = importlib.metadata.requires("refiner_jax") or []
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return any(r.name == name and r.marker is not None and r.marker.evaluate({"extra": "test"})
+               for r in map(Requirement, requirements))
+
+
+def import_torch():
+    """torch, the reference of the transformers-parity tests. Where the test extra installs it (Python 3.11, a CPU
+    wheel) a missing torch fails the test; elsewhere (a multi-GB CUDA download) the test skips, saying why."""
+    if _test_extra_requires("torch"):
+        import torch
+
+        return torch
+    return pytest.importorskip("torch", reason="torch is not installed: the test extra installs it only on Python "
+                                               "3.11, where these transformers-parity tests run (see setup.py)")
