@@ -88,6 +88,7 @@ def _test_extra_requires(name: str) -> bool:
 def import_torch():
     """torch, the reference of the transformers-parity tests. Where the test extra installs it (Python 3.11, a CPU
     wheel) a missing torch fails the test; elsewhere (a multi-GB CUDA download) the test skips, saying why."""
+    __tracebackhide__ = True  # a skip names the calling test's line
     if _test_extra_requires("torch"):
         import torch
 
