@@ -1,11 +1,14 @@
-"""Helpers shared by test files: padded random prompts, counting XLA compilations, and a reference greedy decode
-loop of the decoder-only LM (what the library's sampler is checked against)."""
+"""Helpers shared by test files: padded random prompts, counting XLA compilations, a reference greedy decode loop of
+the decoder-only LM (what the library's sampler is checked against), and torch for the transformers-parity tests."""
 import contextlib
 import functools
+import importlib.metadata
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
+from packaging.requirements import Requirement
 
 from refiner_jax.models.decoder import Decoder, init_cache
 from refiner_jax.models.decoder_config import DecoderConfig
@@ -109,3 +112,25 @@ def train_tiny_stage(workdir: str, spec, **kwargs) -> dict:
                            mesh=shd.make_mesh((1, 1, 1)), seed=0, log=log, **kwargs)
     finally:
         log.close()
+
+
+def _test_extra_requires(name: str) -> bool:
+    """Whether `pip install -e '.[test]'` installs `name` on this Python (the markers in setup.py decide)."""
+    try:
+        requirements = importlib.metadata.requires("refiner_jax") or []
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return any(r.name == name and r.marker is not None and r.marker.evaluate({"extra": "test"})
+               for r in map(Requirement, requirements))
+
+
+def import_torch():
+    """torch, the reference of the transformers-parity tests. Where the test extra installs it (Python 3.11, a CPU
+    wheel) a missing torch fails the test; elsewhere (a multi-GB CUDA download) the test skips, saying why."""
+    __tracebackhide__ = True  # a skip names the calling test's line
+    if _test_extra_requires("torch"):
+        import torch
+
+        return torch
+    return pytest.importorskip("torch", reason="torch is not installed: the test extra installs it only on Python "
+                                               "3.11, where these transformers-parity tests run (see setup.py)")

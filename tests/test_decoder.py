@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _helpers import decode_step, greedy_generate, prefill
+from _helpers import decode_step, greedy_generate, import_torch, prefill
 from _helpers import padded_prompts as _prompts
 from _tolerance import ELEMENTWISE, NETWORK, PARITY, REORDER, assert_f32_close, tolerance
 from flax.linen import meta
@@ -23,7 +23,7 @@ from refiner_jax.models.decoder_config import DecoderConfig, preset
 from refiner_jax.models.layers import param_count
 from refiner_jax.sharding import DEFAULT_RULES
 
-torch = pytest.importorskip("torch")
+torch = import_torch()
 transformers = pytest.importorskip("transformers")
 
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500.0, "factor": 4.0, "low_freq_factor": 1.0,

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _devices import run_report
-from _helpers import compilations, decode_step, padded_prompts
+from _helpers import compilations, decode_step, import_torch, padded_prompts
 from _tolerance import NETWORK, PARITY, REORDER, assert_f32_close, check_close
 from flax.linen import meta
 
@@ -84,8 +84,8 @@ def test_generation_config_end_tokens_stop_where_transformers_stops(tmp_path):
     """An instruct-style checkpoint: config.json ends at A, generation_config.json at A or B and pads with P. Loaded,
     our greedy rows stop at either end token and pad with P, where transformers' `generate` (reading the same file)
     does; config.json's end token alone would not stop row 0 at B."""
+    torch = import_torch()
     transformers = pytest.importorskip("transformers")
-    import torch
     from test_decoder import HF_CONFIGS, _randomise
 
     ref = _randomise(transformers.AutoModelForCausalLM.from_config(HF_CONFIGS["mistral"]()), seed=11)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _devices import run_report
-from _helpers import compilations
+from _helpers import compilations, import_torch
 from _tolerance import NETWORK, PARITY, REORDER, assert_f32_close, check_close
 from flax.linen import meta
 
@@ -266,7 +266,7 @@ def test_t5_greedy_with_cache_equals_full_recompute(params, greedy):
 
 
 def test_t5_greedy_on_bucket_padded_prompts_equals_transformers_generate(params, greedy, tmp_path):
-    torch = pytest.importorskip("torch")
+    torch = import_torch()
     transformers = pytest.importorskip("transformers")
     from refiner_jax.models import hf
 

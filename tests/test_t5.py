@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 from flax.linen import meta
 
+from _helpers import import_torch
 from _tolerance import NETWORK, PARITY, REORDER, assert_f32_close, check_close
 from refiner_jax.models import hf
 from refiner_jax.models.t5 import T5, relative_position_buckets, shift_right
 from refiner_jax.models.t5_config import T5Config, preset
 
-torch = pytest.importorskip("torch")
+torch = import_torch()
 transformers = pytest.importorskip("transformers")
 
 V10 = dict(vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=3, num_heads=4,

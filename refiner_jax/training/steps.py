@@ -329,10 +329,10 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, mesh: Mes
         grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, state.params)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         metrics = mean_metrics(sums)
-        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["grad_norm"] = optax.tree.norm(grads)
         # The whole batch's reduced loss and gradient (every shard and microbatch added), and the update itself.
         finite = (jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
-                  & jnp.isfinite(optax.global_norm(updates)))
+                  & jnp.isfinite(optax.tree.norm(updates)))
         params = optax.apply_updates(state.params, updates)
         keep_old = functools.partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
         metrics["nonfinite_skips"] = jnp.where(finite, 0.0, 1.0)
