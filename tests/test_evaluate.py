@@ -381,7 +381,7 @@ def test_evaluate_run_writes_reports(tmp_path, monkeypatch):
         assert (out / name).is_file(), name
     report = (out / "results.md").read_text()
     assert "| + oracle critic (T=2) | 100.0 [100.0, 100.0] |" in report
-    assert "Δ vs Generator, best of 3 samples by its log-probability" in report
+    assert "| Δ vs `generator_matched` | Δ vs `generator_rerank` |" in report
     saved = json.loads((out / "results.json").read_text())
     assert saved["rows"][3]["gain_vs"]["generator_matched"]["mean"] == pytest.approx(0.4)
     with pytest.raises(ValueError, match="examples=0: evaluate at least one test problem"):

@@ -25,8 +25,6 @@ BASELINE_LABELS = {
     "generator_matched": "Matched generator alone (generator + critic's problems and updates)",
     "generator_rerank": "Generator, best of {n} samples by its log-probability",
 }
-SHORT_NAMES = {"generator": "generator alone", "critic_alone": "critic alone", "generator_matched": "matched generator",
-               "generator_rerank": "rerank"}
 RERANK_SEED = 7919  # offset of the rerank samples' key from the run's seed
 # Which refinement trajectories hold each existing row's hypotheses (None: turn 0, shared by all of them).
 _ROW_SETTINGS = {"generator": None, "critic_t1": "critic", "critic": "critic", "oracle": "oracle"}
