@@ -18,12 +18,9 @@ from refiner_jax.runs import run_config as base
 def get_config(arg: str | None = None):
     config = base.base_config()
     config.task.name = "mwp"
-    # The critic solves, then compares (`critics.SolverCritic`), trained on train plus 60,000 generated problems the
-    # generator never sees (the svamp variant, whose data has no generator: on train alone).
+    # The critic solves, then compares (`critics.SolverCritic`). Like the generator it learns from the training
+    # problems only (`task.extra_problems` = 0), for as many steps as the generator's warm-up.
     config.critic.mode = "solve"
-    config.critic.fresh_problems = 60000
-    config.critic.steps = 2000
-    config.critic.eval_every = 1000
     variant = arg or "default"
     if variant == "default":
         # At this size a decoder-only generator solves far more of the problems than t5-tiny (docs/experiments.md).

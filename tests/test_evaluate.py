@@ -334,8 +334,8 @@ class _MWPFakeModel:
                 "subtract", "multiply").replace("divide", "multiply") + " | #9: add ( number0, number0 )")
         return out
 
-    def generate_with_log_probs(self, texts):
-        return [[t] for t in self.greedy(texts)], np.zeros((len(texts), 1))
+    def generate_with_log_probs(self, texts, num_samples=1, **_):
+        return [[t] * num_samples for t in self.greedy(texts)], np.zeros((len(texts), num_samples))
 
     def score(self, texts, targets):  # every target equally likely: the critic's "No hint" stands
         return np.zeros(len(texts))
@@ -350,7 +350,7 @@ def test_evaluate_run_writes_reports(tmp_path, monkeypatch):
               "eval": {"examples": 5, "turns": 2, "batch_size": 8, "noise_levels": [0.0, 1.0],
                        "bootstrap_samples": 100}}
     workdir = tmp_path / "run"
-    for stage in ("critic", "refiner"):
+    for stage in ("critic", "refiner", "matched"):
         (workdir / stage / "export").mkdir(parents=True)
     (workdir / "critic" / "DONE").write_text(json.dumps({"best_step": 10, "feedback_em": 0.9}))
     (workdir / "config.json").write_text(json.dumps(config))
@@ -364,16 +364,26 @@ def test_evaluate_run_writes_reports(tmp_path, monkeypatch):
 
     monkeypatch.setattr(text_model, "load_text_model", fake_load)
     results = refiner_eval.evaluate_run(str(workdir))
-    assert sorted(loaded) == [("critic", 64, 32, 8), ("refiner", 64, 32, 8)]
+    assert sorted(loaded) == [("critic", 64, 32, 8), ("matched", 64, 32, 8), ("refiner", 64, 32, 8)]
     rows = {r["key"]: r["metrics"]["equation_em_canonical"]["mean"] for r in results["rows"]}
-    # Problems 0, 2, 4 right at turn 0; the critic never objects; the oracle gets the other two fixed.
-    assert rows == {"generator": 0.6, "critic_t1": 0.6, "critic": 0.6, "oracle": 1.0}
+    # Problems 0, 2, 4 right at turn 0; the critic never objects; the oracle gets the other two fixed. The paper's
+    # feedback critic cannot solve, so there is no critic-alone row; the matched generator and the best of the
+    # generator's (identical) samples answer like the generator.
+    assert rows == {"generator": 0.6, "critic_t1": 0.6, "critic": 0.6, "oracle": 1.0, "generator_matched": 0.6,
+                    "generator_rerank": 0.6}
+    oracle = next(r for r in results["rows"] if r["key"] == "oracle")
+    assert set(oracle["gain_vs"]) == {"generator_matched", "generator_rerank"}
+    assert oracle["gain_vs"]["generator_rerank"]["mean"] == pytest.approx(0.4)
     assert [(r["epsilon"], r["mean"]) for r in results["noise"]["rows"]][0] == (0.0, 1.0)
     assert results["training"] == {"critic": {"best_step": 10, "feedback_em": 0.9}}
     out = workdir / "eval"
     for name in ("results.md", "results.json", "predictions.jsonl", "noise.png", "curves_critic.png"):
         assert (out / name).is_file(), name
-    assert "| + oracle critic (T=2) | 100.0 [100.0, 100.0] |" in (out / "results.md").read_text()
+    report = (out / "results.md").read_text()
+    assert "| + oracle critic (T=2) | 100.0 [100.0, 100.0] |" in report
+    assert "| Δ vs `generator_matched` | Δ vs `generator_rerank` |" in report
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["rows"][3]["gain_vs"]["generator_matched"]["mean"] == pytest.approx(0.4)
     with pytest.raises(ValueError, match="examples=0: evaluate at least one test problem"):
         refiner_eval.evaluate_run(str(workdir), max_examples=0)
 

@@ -51,7 +51,8 @@ def tiny_config():
     ("model.dtype", "bf16", "config.model.dtype: 'bf16' is not a dtype"),
     ("critic.eval_examples", 0, "config.critic.eval_examples: must be >= 1"),
     ("critic.mode", "judge", "config.critic.mode: 'judge' is not a critic mode"),
-    ("critic.fresh_problems", -1, "config.critic.fresh_problems: must be >= 0"),
+    ("critic.fresh_problems", 60000, "config.critic.fresh_problems: was replaced by task.extra_problems"),
+    ("task.extra_problems", -1, "config.task.extra_problems: must be >= 0"),
     ("critic.optimizer.grad_clip_norm", -1.0, "config.critic.optimizer.grad_clip_norm: must be >= 0"),
     ("warmup.optimizer.weight_decay", -0.1, "config.warmup.optimizer.weight_decay: must be >= 0"),
     ("refiner.optimizer.warmup_steps", -1, "config.refiner.optimizer.warmup_steps: must be >= 0"),
@@ -282,7 +283,7 @@ def test_solve_mode_critic_trains_on_fresh_problems_and_is_calibrated(tmp_path):
     from refiner_jax.refiner import critics
 
     c = tiny_config()
-    c.critic.mode, c.critic.fresh_problems, c.critic.calibration_examples = "solve", 64, 12
+    c.critic.mode, c.task.extra_problems, c.critic.calibration_examples = "solve", 64, 12
     workdir = str(tmp_path / "run")
     results = refiner_run.run(c, workdir, stages=("warmup", "critic"))
     assert 0.0 <= results["critic"]["paired_auroc"] <= 1.0 and "feedback_em/any_error" in results["critic"]
@@ -292,11 +293,47 @@ def test_solve_mode_critic_trains_on_fresh_problems_and_is_calibrated(tmp_path):
     critic = critics.load_critic(config_lib.load_run(workdir))
     assert isinstance(critic, critics.SolverCritic) and critic.threshold == calibration["threshold"]
     assert critic.model.max_input == c.lengths.input and critic.model.max_output == c.lengths.target
-    # The critic learned x -> z* on train plus the fresh problems: one epoch is (256 + 64) / 8 = 40 steps.
+    # The critic learned x -> z* on train plus the extra problems: one epoch is (256 + 64) / 8 = 40 steps.
     task = config_lib.load_run(workdir).task()
     assert len(task.fresh_problems(64)) == 64
     feedback = critic.feedback(task.load("val")[:4], ["#0: add ( number0, number1 )"] * 4)
     assert len(feedback) == 4 and all(isinstance(f, str) and f for f in feedback)
+
+
+def test_extra_problems_feed_every_model_and_the_matched_generator_gets_their_steps(tmp_path, monkeypatch):
+    """Every stage learns from train + `task.extra_problems`; the matched generator trains like the warm-up for
+    warmup + critic + refiner steps (stages recorded, not trained)."""
+    specs = {}
+
+    def record(spec, init_params, **_):
+        specs[spec.name] = spec
+        return {}
+
+    monkeypatch.setattr(refiner_run, "train_stage", record)
+    c = tiny_config()
+    c.critic.mode, c.task.extra_problems = "solve", 16
+    c.warmup.steps, c.critic.steps, c.refiner.steps = 6, 5, 4
+    refiner_run.run(c, str(tmp_path / "run"), stages=("warmup", "critic", "matched"))
+    assert sorted(specs) == ["critic", "matched", "warmup"]
+    assert {name: spec.num_examples for name, spec in specs.items()} == {"warmup": 272, "critic": 272,
+                                                                         "matched": 272}
+    matched, warmup = specs["matched"].stage, specs["warmup"].stage
+    assert matched.steps == 6 + 5 + 4 and warmup.steps == 6
+    assert (matched.batch_size, matched.optimizer) == (warmup.batch_size, warmup.optimizer)
+    task = get_task("mwp", **c.task.options)
+    splits = {ex.x for split in ("train", "val", "test") for ex in task.load(split)}
+    pairs = specs["matched"].make_pairs(None, np.arange(256, 272), 0)
+    assert len(pairs) == 16 and all(t and x not in splits for x, t in pairs[8:])  # the extra problems, unseen
+
+
+def test_a_workdir_whose_critic_alone_had_extra_problems_loads_but_does_not_resume(tmp_path):
+    old = json.loads(tiny_config().to_json())
+    old["critic"]["fresh_problems"] = 60000
+    del old["task"]["extra_problems"]
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert config_lib.load(str(tmp_path)).critic.fresh_problems == 60000  # evaluation reads it
+    with pytest.raises(config_lib.ConfigError, match="critic.fresh_problems=60000: .* train in a fresh --workdir"):
+        refiner_run.run(tiny_config(), str(tmp_path))
 
 
 def test_model_critic_prefers_no_hint_when_it_is_the_more_likely_sequence():

@@ -10,7 +10,7 @@ from jax.sharding import Mesh
 
 from refiner_jax import sharding as shd
 from refiner_jax import text_model
-from refiner_jax.refiner import critics, feedback_loop
+from refiner_jax.refiner import baselines, critics, feedback_loop
 from refiner_jax.refiner.critic_tool import interactive_loop
 from refiner_jax.refiner.evaluation import evaluate_refinement, noise_study
 from refiner_jax.runs import results as results_lib
@@ -82,6 +82,8 @@ def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples:
     z0 = generator.greedy([ex.x for ex in examples])
     results = evaluate_refinement(task, generator, critic, None, examples, turns, template, samples, seed,
                                   initial=z0)
+    answers, labels = baseline_answers(run, task, examples, generator, critic, turns, batch_size, mesh)
+    baselines.add_baselines(task, examples, results, answers, labels, samples, seed)
     results["noise"] = noise_study(task, generator, None, examples, epsilons, turns, template, samples, seed,
                                    initial=z0)
     results["generator_stage"] = os.path.basename(generator_dir)
@@ -90,6 +92,33 @@ def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples:
     if shd.is_main_process():  # every process of a multi-process run evaluates (on its own devices); one writes
         results_lib.write_results(results, out_dir or os.path.join(workdir, "eval"), workdir=workdir)
     return results
+
+
+def baseline_answers(run: text_model.RunInfo, task: Task, examples, generator: text_model.TextModel,
+                     critic: critics.Critic | None, turns: int, batch_size: int, mesh: Mesh | None = None
+                     ) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """({baseline key: one answer per problem}, {key: row label}) of the run's baselines (`refiner.baselines`):
+    the critic's own answer (a solving critic only), the matched generator's (when its stage is trained) and the
+    generator's best of `turns` + 1 samples (the REFINER stage's temperature and nucleus)."""
+    config = run.config
+    answers, labels = {}, dict(baselines.BASELINE_LABELS)
+    if isinstance(critic, critics.SolverCritic):
+        answers["critic_alone"] = [z for z, _, _ in critic.references(examples)]
+        old_extra = config.critic.get("fresh_problems", 0)  # the critic alone learned from more problems
+        if old_extra:
+            labels["critic_alone"] += f", trained on {old_extra} generated problems more than the generator"
+    matched_dir = os.path.join(run.workdir, "matched")
+    if os.path.isdir(os.path.join(matched_dir, "export")):
+        lengths = run.lengths
+        matched = text_model.load_text_model(matched_dir, run.tokenizer(), lengths["refine_input"], lengths["target"],
+                                             lengths["refine_input"], batch_size, mesh=mesh)
+        answers["generator_matched"] = matched.greedy([ex.x for ex in examples])
+    else:
+        print(f"[eval] {matched_dir}/export not found: the matched-generator row is left out")
+    answers["generator_rerank"] = baselines.rerank_answers(generator, examples, turns + 1, config.refiner.temperature,
+                                                           config.refiner.top_p, int(config.seed))
+    labels["generator_rerank"] = labels["generator_rerank"].format(n=turns + 1)
+    return answers, labels
 
 
 def interactive_session(workdir: str, turns: int = 3, split: str = "test", use_critic: bool = True,

@@ -1,5 +1,5 @@
-"""A whole REFINER run: tokenizer, generator warm-up, critic, REFINER loop, critic calibration, evaluation — in
-order, resumable.
+"""A whole REFINER run: tokenizer, generator warm-up, critic, REFINER loop, the matched generator (a baseline),
+critic calibration, evaluation — in order, resumable.
 
 `run(config, workdir)` sets the run up (`run_setup.setup`), then runs each stage that has not finished (a finished
 stage leaves `<workdir>/<stage>/DONE`; an interrupted one resumes from its last checkpoint). The workdir keeps
@@ -23,21 +23,23 @@ from refiner_jax.runs import refiner_eval
 from refiner_jax.runs import results as results_lib
 from refiner_jax.runs import run_config as config_lib
 from refiner_jax.runs.run_setup import Setup, setup
-from refiner_jax.tasks.base import Example, refine_input
+from refiner_jax.tasks.base import Example
 from refiner_jax.text_model import RunInfo, TextModel
 from refiner_jax.training.loop import StageSpec, stage_done, train_stage
 
-STAGES = ("warmup", "critic", "refiner", "eval")
+STAGES = ("warmup", "critic", "refiner", "matched", "eval")
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...] = STAGES) -> dict:
     """Runs (or resumes) the requested stages; returns {stage: final metrics}."""
     _check_warmup_first(config, workdir, stages)
     job = _Job(config, workdir, stages, setup(config, workdir, stages, STAGES, ("critic", "warmup", "refiner")))
+    job.check_extra_problems()
     # stage, what it trains, the parameters it starts from (a checkpoint's, or None: fresh)
     for name, spec, init in (("warmup", job.warmup_spec, job.pretrained),
                              ("critic", job.critic_spec, job.pretrained),
-                             ("refiner", job.refiner_spec, job.warmed_up_params)):
+                             ("refiner", job.refiner_spec, job.warmed_up_params),
+                             ("matched", job.matched_spec, job.pretrained)):
         job.train(name, spec, init)
     if {"critic", "refiner", "eval"} & set(stages):
         job.calibrate_critic()
@@ -65,7 +67,9 @@ class _Job:
     def __init__(self, config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...], s: Setup):
         self.config, self.workdir, self.stages, self.s = config, workdir, stages, s
         self.task, self.lengths = s.task, config.lengths
-        self.train_set, self.val = s.splits["train"], s.splits["val"]
+        self.val = s.splits["val"]
+        self.held_out, extra = self.generated_problems()
+        self.train_set = s.splits["train"] + extra  # every model's training problems
         self.results: dict[str, Any] = {}
         self.timings: dict[str, float] = {}
 
@@ -111,9 +115,9 @@ class _Job:
         config, lengths, task, s = self.config, self.lengths, self.task, self.s
         critic_val = self.val[:config.critic.eval_examples]
         if config.critic.mode == "solve":
-            problems = self.train_set + self.fresh_problems()[1]
             return StageSpec(
-                "critic", config.critic, len(problems), stage_data.warmup_pairs(problems, task, seed=config.seed),
+                "critic", config.critic, len(self.train_set),
+                stage_data.warmup_pairs(self.train_set, task, seed=config.seed),
                 lambda p: stage_data.critic_validation(
                     task, SolverCritic(self.text_model(p, lengths.input, lengths.target), task), critic_val,
                     config.seed),
@@ -142,21 +146,39 @@ class _Job:
                          self.generator_eval(self.val[:config.refiner.eval_examples]), self.task.primary_metric,
                          lengths.refine_input, lengths.target)
 
-    def fresh_problems(self) -> tuple[list[Example], list[Example]]:
-        """(calibration, critic training) problems from the task's generator, no split's: the first
-        `critic.calibration_examples`, then `critic.fresh_problems`; ([], []) for a task that reads a dataset."""
+    def matched_spec(self) -> StageSpec:
+        """The matched generator: the warm-up's recipe on all the training problems, for as many updates as
+        warm-up, critic and REFINER loop made together."""
+        config, lengths = self.config, self.lengths
+        stage = ml_collections.ConfigDict(config.warmup.to_dict())
+        stage.steps = config.warmup.steps + config.critic.steps + config.refiner.steps
+        fraction = config.warmup.feedback_fraction
+        pairs = stage_data.warmup_pairs(self.train_set, self.task, fraction, config.refiner.template, config.seed)
+        return StageSpec("matched", stage, len(self.train_set), pairs,
+                         self.generator_eval(self.val[:config.warmup.eval_examples]), self.task.primary_metric,
+                         lengths.refine_input if fraction > 0 else lengths.input, lengths.target)
+
+    def generated_problems(self) -> tuple[list[Example], list[Example]]:
+        """(calibration, extra training) problems from the task's generator, no split's: the first
+        `critic.calibration_examples`, then `task.extra_problems`; ([], []) for a task that reads a dataset."""
         fresh = getattr(self.task, "fresh_problems", None)
         count = self.config.critic.calibration_examples
-        problems = fresh(count + self.config.critic.fresh_problems, self.config.task.data_dir or None) if fresh else []
+        problems = fresh(count + self.config.task.extra_problems, self.config.task.data_dir or None) if fresh else []
         return problems[:count], problems[count:]
+
+    def check_extra_problems(self) -> None:
+        extra = self.config.task.extra_problems
+        if len(self.train_set) - len(self.s.splits["train"]) < extra:
+            raise config_lib.ConfigError(
+                f"config.task.extra_problems: {extra}, but task {self.task.name!r} with its data_dir generates no "
+                "problems; set it to 0")
 
     def calibration_problems(self) -> list[Example]:
         """Problems no stage trained on or chose a checkpoint by: fresh ones, else the validation problems past
         those the stages validate on (a generator chosen on a problem looks better there than it is), else all of
         validation."""
-        held_out = self.fresh_problems()[0]
-        if held_out:
-            return held_out
+        if self.held_out:
+            return self.held_out
         used = max(self.config[name].eval_examples for name in ("warmup", "critic", "refiner"))
         count = self.config.critic.calibration_examples
         return self.val[used:used + count] or self.val[:count]

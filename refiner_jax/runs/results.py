@@ -77,15 +77,20 @@ def render_markdown(results: Mapping[str, Any], plots: Sequence[str] = ()) -> st
     if rows:
         metrics = _metric_order(results, list(rows[0]["metrics"]))
         lines += ["## Refinement", ""]
-        header = ["Setting"] + [f"**{m}**" if m == primary else m for m in metrics] + [f"Δ {primary} (paired)"]
+        versus = list(dict.fromkeys(k for r in rows for k in r.get("gain_vs") or {}))  # the baseline rows
+        header = (["Setting"] + [f"**{m}**" if m == primary else m for m in metrics] + [f"Δ {primary} (paired)"]
+                  + [f"Δ vs `{k}`" for k in versus])
         lines += _table(header, [[r["label"]] + [format_ci(r["metrics"][m]) if m in r["metrics"] else "–"
                                                  for m in metrics]
-                                 + [format_ci(r["gain"], signed=True) if r.get("gain") else "–"] for r in rows])
+                                 + [format_ci(r["gain"], signed=True) if r.get("gain") else "–"]
+                                 + [format_ci(r["gain_vs"][k], signed=True) if k in (r.get("gain_vs") or {}) else "–"
+                                    for k in versus] for r in rows])
         if any(r["metrics"][m].get("low") is None for r in rows for m in metrics if m in r["metrics"]):
             lines += ["", "† corpus-level metric: the task's whole-set value, no per-example CI."]
         if any(r.get("gain") for r in rows):
             lines += ["", f"Δ: change of {primary} from the generator alone on the same problems, with a paired "
-                          "bootstrap CI (examples resampled with both settings' scores)."]
+                          "bootstrap CI (examples resampled with both settings' scores); Δ vs `key`: the same "
+                          "paired change from that baseline row (`refiner.baselines`)."]
         lines.append("")
 
     flips = results.get("flips") or {}

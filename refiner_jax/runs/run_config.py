@@ -88,8 +88,8 @@ def base_config() -> ml_collections.ConfigDict:
     # Stage 2: the critic. mode "feedback" (the paper): (x + hypothesis) -> feedback, on gold and perturbed
     # hypotheses, and with `generator_fraction` > 0 that share of each batch on the warmed-up generator's own samples
     # (nucleus `generator_top_p`) with the oracle's feedback; `balanced` gives each problem of a batch a right and a
-    # wrong hypothesis (`refiner.stage_data.critic_pairs`). mode "solve": x -> z* on train plus `fresh_problems`
-    # problems of the task's generator that no split holds; at inference it solves (its greedy answer, or with
+    # wrong hypothesis (`refiner.stage_data.critic_pairs`). mode "solve": x -> z* on the run's training problems
+    # (the training split and `task.extra_problems`); at inference it solves (its greedy answer, or with
     # `samples` > 0 the answer most of its greedy answer and that many samples reach), then compares
     # (`critics.SolverCritic`). Either way its "No hint" threshold is then calibrated on `calibration_examples`
     # problems that no stage trains or selects checkpoints on, with the latest generator
@@ -97,14 +97,19 @@ def base_config() -> ml_collections.ConfigDict:
     c.critic = ml_collections.ConfigDict({
         "mode": "feedback", "steps": 500, "batch_size": 32, "microbatches": 1, "optimizer": _optimizer(2e-3),
         "eval_every": 250, "eval_examples": 300, "generator_fraction": 0.5, "generator_top_p": 1.0,
-        "balanced": False, "fresh_problems": 0, "samples": 0, "calibration_examples": 2000})
+        "balanced": False, "samples": 0, "calibration_examples": 2000})
     # Stage 3: the REFINER loop (generator initialised from the warm-up): where the generator learns to act on the
     # feedback instead of repeating its hypothesis (docs/experiments.md has the step counts tried).
     c.refiner = ml_collections.ConfigDict({
         "turns": 3, "samples": 3, "top_p": 0.5, "temperature": 1.0, "selection": "random",
         "template": DEFAULT_REFINE_TEMPLATE, "feedback_noise": 0.0, "steps": 450, "batch_size": 16,
         "microbatches": 1, "optimizer": _optimizer(1e-3), "eval_every": 150, "eval_examples": 300})
-    # Stage 4: evaluation of generator alone / + critic / + oracle, and the noisy-critic study.
+    # The matched generator (stage "matched", a baseline): trained from scratch like the warm-up (its batch size,
+    # optimizer and feedback_fraction) on all the run's training problems, for warmup + critic + refiner steps: the
+    # problems and updates that generator and critic used together, spent on one generator.
+    # Stage 4: evaluation of generator alone / + critic / + oracle, the baselines (`refiner.baselines`: the critic's
+    # own answer, the matched generator, the generator's best of turns + 1 samples by its log-probability, at the
+    # REFINER stage's temperature and nucleus) and the noisy-critic study.
     c.eval = ml_collections.ConfigDict({
         "examples": 1000, "turns": 3, "batch_size": 128, "noise_levels": (0.0, 0.25, 0.5, 0.75, 1.0),
         "bootstrap_samples": 1000})
@@ -167,7 +172,6 @@ def use_paper_settings(c: ml_collections.ConfigDict, preset: str) -> None:
     c.critic.steps = c.warmup.steps = c.refiner.steps = 20000
     c.warmup.fraction = 0.1
     c.critic.mode = "feedback"
-    c.critic.fresh_problems = 0
     c.critic.generator_fraction = 0.0  # the paper's critic learns from perturbations only
     c.model.dtype = "bfloat16"
 
@@ -229,7 +233,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     need(0.0 <= c.warmup.feedback_fraction <= 1.0, "warmup.feedback_fraction", "must be a share in [0, 1]")
     need(c.critic.mode in CRITIC_MODES, "critic.mode",
          f"{c.critic.mode!r} is not a critic mode; use feedback (x + hypothesis -> feedback, the paper) or solve")
-    need(c.critic.fresh_problems >= 0, "critic.fresh_problems", "must be >= 0 (extra generated problems)")
+    need("fresh_problems" not in c.critic, "critic.fresh_problems",
+         "was replaced by task.extra_problems, generated problems that every model of the run learns from alike")
     need(c.critic.calibration_examples >= 1, "critic.calibration_examples", "must be >= 1 (held-out problems)")
     need(c.critic.samples >= 0, "critic.samples", "must be >= 0 (0: the critic's greedy answer is its reference)")
     need(0.0 <= c.critic.generator_fraction <= 1.0, "critic.generator_fraction", "must be a share in [0, 1]")

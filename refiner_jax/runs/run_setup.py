@@ -40,6 +40,11 @@ def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> bo
         return False
     new = json.loads(config.to_json())
     old = json.loads(config_lib.load(workdir).to_json())  # a field added since the run was made had its default
+    if old["critic"].get("fresh_problems"):
+        raise config_lib.ConfigError(
+            f"{workdir} was trained with config.critic.fresh_problems={old['critic']['fresh_problems']}: generated "
+            "problems for the critic alone, which task.extra_problems (every model alike) replaced; it can still be "
+            "evaluated (launch/evaluate.py), but train in a fresh --workdir")
     # recorded relative by older runs: compare the folders themselves
     old["task"]["data_dir"] = data_sources.recorded(old["task"]["data_dir"])
     for section in _FROZEN_SECTIONS:

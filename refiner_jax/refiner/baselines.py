@@ -1,0 +1,89 @@
+"""The baselines of the REFINER table, and every row's paired difference from each of them.
+
+A gain of generator + critic means little unless it beats what the same models, data and decoding budget give
+without the feedback loop:
+  * `critic_alone`: a solving critic's own answer to each problem (`critics.SolverCritic.references`);
+  * `generator_matched`: a generator trained on the problems and for the updates that generator and critic used
+    together (the run's "matched" stage), alone;
+  * `generator_rerank`: the generator's best of turns + 1 samples by its own log-probability, as many generations
+    as the loop's first answer and its T revisions.
+Each row's `gain_vs` is its paired difference from every baseline row, resampling problems (`stats.bootstrap_ci`).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from refiner_jax.refiner.evaluation import summarize_metrics
+from refiner_jax.stats import bootstrap_ci
+from refiner_jax.tasks.base import Example, Task
+
+BASELINE_LABELS = {
+    "critic_alone": "Critic alone (its own greedy answer)",
+    "generator_matched": "Matched generator alone (generator + critic's problems and updates)",
+    "generator_rerank": "Generator, best of {n} samples by its log-probability",
+}
+RERANK_SEED = 7919  # offset of the rerank samples' key from the run's seed
+# Which refinement trajectories hold each existing row's hypotheses (None: turn 0, shared by all of them).
+_ROW_SETTINGS = {"generator": None, "critic_t1": "critic", "critic": "critic", "oracle": "oracle"}
+
+
+def best_by_log_prob(samples: Sequence[Sequence[str]], log_probs: np.ndarray) -> list[str]:
+    """Each problem's sample with the highest log-probability (`log_probs` [problems, samples]; ties: first)."""
+    return [list(s)[int(np.argmax(lp))] for s, lp in zip(samples, np.asarray(log_probs))]
+
+
+def rerank_answers(generator, examples: Sequence[Example], num_samples: int, temperature: float, top_p: float,
+                   seed: int) -> list[str]:
+    """The generator's best of `num_samples` samples per problem by its own log-probability (`best_by_log_prob`)."""
+    texts, log_probs = generator.generate_with_log_probs(
+        [ex.x for ex in examples], num_samples=num_samples, temperature=temperature, top_p=top_p,
+        rng=jax.random.key(RERANK_SEED + seed))
+    return best_by_log_prob(texts, log_probs)
+
+
+def paired_delta(scores: Sequence[float], baseline: Sequence[float], samples: int, seed: int) -> dict[str, float]:
+    """{mean, low, high}: the mean per-problem difference `scores - baseline` with its percentile-bootstrap
+    interval over problems."""
+    mean, low, high = bootstrap_ci(np.asarray(scores, np.float64) - np.asarray(baseline, np.float64), samples, seed)
+    return {"mean": mean, "low": low, "high": high}
+
+
+def row_scores(results: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Per-problem primary metric of each refinement row of `evaluation.evaluate_refinement`'s results, read from
+    its trajectories (a trajectory that stopped early keeps its last hypothesis)."""
+    primary = results["primary_metric"]
+    by_setting: dict[str, list] = {}
+    for record in results["trajectories"]:
+        by_setting.setdefault(record["setting"], []).append(record["scores"])
+    out = {}
+    for row in results["rows"]:
+        if row["key"] not in _ROW_SETTINGS:
+            continue
+        setting = _ROW_SETTINGS[row["key"]] or next(iter(by_setting))
+        turn = row["turns"]
+        out[row["key"]] = np.array([float(s[min(turn, len(s) - 1)][primary]) for s in by_setting[setting]])
+    return out
+
+
+def add_baselines(task: Task, examples: Sequence[Example], results: dict[str, Any],
+                  answers: Mapping[str, Sequence[str]], labels: Mapping[str, str], samples: int = 1000,
+                  seed: int = 0) -> None:
+    """Appends one row per baseline (`answers`: key -> one answer per problem of `examples`; `labels`: key ->
+    row label) to `results["rows"]`, with `gain` (paired, from the generator alone), and gives every row `gain_vs`:
+    {baseline key: paired difference of the primary metric}, for each baseline other than the row itself."""
+    primary = results["primary_metric"]
+    scores = row_scores(results)
+    examples = list(examples)
+    for key, hypotheses in answers.items():
+        per_example = [task.score([h], [ex]) for h, ex in zip(hypotheses, examples)]
+        scores[key] = np.array([float(s[primary]) for s in per_example])
+        results["rows"].append({
+            "key": key, "label": labels[key], "turns": 0,
+            "metrics": summarize_metrics(per_example, task.score(list(hypotheses), examples), samples, seed),
+            "gain": paired_delta(scores[key], scores["generator"], samples, seed)})
+    for row in results["rows"]:
+        row["gain_vs"] = {key: paired_delta(scores[row["key"]], scores[key], samples, seed)
+                          for key in answers if key != row["key"]}
