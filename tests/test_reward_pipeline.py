@@ -145,6 +145,13 @@ def test_expert_iteration_keeps_what_the_final_answer_reward_accepts(tmp_path):
     assert kept == [(ex.x, gold), (ex.x, "#0: add ( number1, number0 ) | #1: multiply ( number2, #0 )")]
 
 
+def test_extra_problems_need_a_problem_generator():
+    task = mwp.MWPTask()
+    assert reward_run.extra_problems(task, 0, "/a/csv/folder") == []
+    with pytest.raises(config_lib.ConfigError, match=r"config.task.extra_problems: 5 .* task.data_dir has no problem"):
+        reward_run.extra_problems(task, 5, "/a/csv/folder")  # a dataset read from files: no generator
+
+
 def test_mixed_problems_keeps_the_problems_with_right_and_wrong_samples():
     def solution(last):
         return reward_labels.LabelledSolution("x", "t", ("t",), (last,))
