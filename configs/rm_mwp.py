@@ -17,10 +17,12 @@ def get_config(arg: str | None = None):
     config.task.name = "mwp"
     config.warmup.feedback_fraction = 0.0  # plain SFT, x -> z
     # Reward models that start from the policy's log-likelihood of a solution and learn to rank each problem's right
-    # samples above its wrong ones, on 10,000 generated problems the policy never saw (docs/reward_models.md).
+    # samples above its wrong ones, on 16 policy samples of each of the policy's own training problems, as Uesato et
+    # al.'s; `--config.task.extra_problems=N` adds N generated problems for the policy and reward models alike
+    # (docs/reward_models.md).
     r = config.reward
     r.head, r.likelihood, r.pairwise_weight = "scalar", True, 1.0
-    r.fresh_problems, r.train_problems, r.val_problems = True, 10000, 500
+    r.samples, r.train_problems, r.val_problems = 16, 4000, 500
     r.optimizer.learning_rate, r.steps, r.patience, r.eval_every = 3e-4, 800, 3, 400
     # Validating and saving less often keeps the whole job within 20 minutes on a 2-core CPU.
     config.checkpoint.every = 400
@@ -34,8 +36,6 @@ def get_config(arg: str | None = None):
     elif variant == "small":
         config.model.preset = "t5-small"
         config.warmup.steps = 3000
-        config.reward.samples = 16
-        config.reward.train_problems = 5000
         config.reward.steps = 3000
         config.reward.test_samples = 96
         config.rl.rounds = 2

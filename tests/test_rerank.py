@@ -9,6 +9,7 @@ import pytest
 
 from refiner_jax.reward import rerank
 from refiner_jax.runs import results
+from refiner_jax.stats import bootstrap_ci
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -245,6 +246,28 @@ def test_results_table_hand_worked_and_paired():
     assert "Δ final-answer error vs a, paired" in results.markdown_table(table)
     with pytest.raises(ValueError, match="different numbers of problems"):
         rerank.results_table({"a": a, "short": rerank.Outcome(np.ones(3, bool), np.ones(3))})
+
+
+def test_paired_deltas_against_a_second_baseline_hand_worked():
+    # Per problem right (1) / wrong (0): errors a 2/4, b 3/4, c 1/4.
+    a, b, c = ([bool(v) for v in row] for row in ([1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0]))
+    outcomes = {name: rerank.Outcome(np.array(y), np.linspace(1.0, 0.5, 4)) for name, y in zip("abc", (a, b, c))}
+    table = rerank.results_table(outcomes, samples=300, seed=3, more_baselines=("b",))
+    assert table.baseline == "a" and list(table.more_deltas) == ["b"] and set(table.more_deltas["b"]) == {"a", "c"}
+    assert table.more_deltas["b"]["a"]["mean"] == pytest.approx(-0.25)
+    assert table.more_deltas["b"]["c"]["mean"] == pytest.approx(-0.5)
+    # c is never worse than b on a problem (right on b's right one and on two more), so on every resampled set of
+    # problems c's error is at most b's: the paired interval never goes above 0. a is never worse than b either.
+    assert table.more_deltas["b"]["c"]["high"] <= 0.0 and table.more_deltas["b"]["a"]["high"] <= 0.0
+    # The paired interval is the bootstrap interval of the per-problem differences (c wrong minus b wrong) over the
+    # same resampled problem sets.
+    _, low, high = bootstrap_ci([0, -1, -1, 0], samples=300, seed=3)
+    assert (table.more_deltas["b"]["c"]["low"], table.more_deltas["b"]["c"]["high"]) == pytest.approx((low, high))
+    assert table.deltas["b"]["mean"] == pytest.approx(0.25)  # the first block is unchanged: against a
+    header = results.markdown_table(table).splitlines()[0]
+    assert header.endswith("| Δ final-answer error vs a, paired | Δ final-answer error vs b, paired |")
+    with pytest.raises(ValueError, match=r"baselines \['d'\] are not rules"):
+        rerank.results_table(outcomes, samples=10, more_baselines=("d",))
 
 
 def test_markdown_table():

@@ -36,6 +36,7 @@ def tiny_config():
 
 def test_reward_pipeline_end_to_end_and_resume(tmp_path, capsys):
     c = tiny_config()
+    c.task.extra_problems = 8
     workdir = str(tmp_path / "run")
     results = reward_run.run(c, workdir)
     for stage in ("sft", "orm", "prm", "rl_orm_1", "rl_orm_2", "rl_prm_2", "eval"):
@@ -44,10 +45,21 @@ def test_reward_pipeline_end_to_end_and_resume(tmp_path, capsys):
         assert 0.0 <= results[kind]["paired_auroc"] <= 1.0 and 0.0 <= results[kind]["step_accuracy"] <= 1.0
         meta = json.load(open(os.path.join(workdir, kind, "export", "metadata.json")))
         assert meta["kind"] == kind and meta["head"] == "token" and meta["family"] == "t5"
-    table = json.load(open(os.path.join(workdir, "results.json")))["table"]
-    assert set(table) == {"SFT greedy", "SFT majority vote (K=4)", "ORM rerank (K=4)", "PRM rerank (K=4)",
-                          "ORM-weighted vote (K=4)", "PRM-weighted vote (K=4)", "SFT log-prob rerank (K=4)",
-                          "ORM-RL greedy", "PRM-RL greedy"}
+    saved = json.load(open(os.path.join(workdir, "results.json")))
+    table = saved["table"]
+    matched = "SFT greedy, data-matched (the SFT policy)"
+    assert list(table) == ["SFT greedy", "SFT majority vote (K=4)", matched,
+                           "SFT majority vote (K=4), data-matched (the SFT policy)", "ORM rerank (K=4)",
+                           "PRM rerank (K=4)", "ORM-weighted vote (K=4)", "PRM-weighted vote (K=4)",
+                           "SFT log-prob rerank (K=4)", "ORM-RL greedy", "PRM-RL greedy"]
+    # The SFT policy trained on every problem the reward models learned from, so it is the matched baseline: the
+    # same answers, and every rule's paired difference from it is the one from SFT greedy.
+    assert table[matched] == table["SFT greedy"]
+    deltas, against_matched = saved["paired_deltas"], saved["matched_paired_deltas"]
+    assert deltas["baseline"] == "SFT greedy" and against_matched["baseline"] == matched
+    assert against_matched["SFT greedy"] == {"mean": 0.0, "low": 0.0, "high": 0.0}
+    assert {k: v for k, v in against_matched.items() if k not in ("baseline", "SFT greedy")} == {
+        k: v for k, v in deltas.items() if k not in ("baseline", matched)}
     for row in table.values():
         assert 0.0 <= row["final_answer_error"]["mean"] <= 1.0
         cell = row["final_answer_error"]
@@ -55,6 +67,17 @@ def test_reward_pipeline_end_to_end_and_resume(tmp_path, capsys):
     md = open(os.path.join(workdir, "results.md")).read()
     assert "| PRM rerank (K=4) |" in md and "Error at 30% abstention" in md
     assert os.path.getsize(os.path.join(workdir, "abstention.png")) > 1000
+    # The 8 generated problems joined the 256 training problems of the SFT policy, and the first 24 of the reward
+    # models and of expert iteration.
+    sft, _ = reward_run.Run(c, workdir, ("sft",)).sft_spec()
+    task = mwp.MWPTask(**c.task.options)
+    first, generated = task.load("train")[0], task.fresh_problems(8)[3]
+    assert sft.num_examples == 264
+    assert sft.make_pairs(None, [0, 259], 0) == [(first.x, first.z), (generated.x, generated.z)]
+    extra = [f"synth-extra-{i}" for i in range(8)]
+    for name in ("sft_train", "rl_orm_1"):
+        uids = json.load(open(os.path.join(workdir, "samples", f"{name}.json")))["uids"]
+        assert uids == [f"synth-train-{i}" for i in range(24)] + extra, name
     samples = json.load(open(os.path.join(workdir, "samples", "sft_test.json")))
     assert samples["k"] == 4 and len(samples["samples"]) == 24 and all(len(s) == 4 for s in samples["samples"])
     # Threshold 0 keeps every distinct non-empty sample of the round.
@@ -76,7 +99,7 @@ def test_reward_pipeline_end_to_end_and_resume(tmp_path, capsys):
         reward_run.run(c, other, stages=("orm",))
     # ... and final-answer expert iteration keeps no sample: a clear error before any training.
     c.rl.rewards = ("final",)
-    with pytest.raises(config_lib.ConfigError, match=r"kept 0 of 72 samples.*config.rl.threshold"):
+    with pytest.raises(config_lib.ConfigError, match=r"kept 0 of 96 samples.*config.rl.threshold"):
         reward_run.run(c, workdir, stages=("rl",))
 
 
@@ -120,6 +143,13 @@ def test_expert_iteration_keeps_what_the_final_answer_reward_accepts(tmp_path):
                 "#0: add ( number0, number2 )", ""]]
     kept = run.keep("final", [ex], samples)
     assert kept == [(ex.x, gold), (ex.x, "#0: add ( number1, number0 ) | #1: multiply ( number2, #0 )")]
+
+
+def test_extra_problems_need_a_problem_generator():
+    task = mwp.MWPTask()
+    assert reward_run.extra_problems(task, 0, "/a/csv/folder") == []
+    with pytest.raises(config_lib.ConfigError, match=r"config.task.extra_problems: 5 .* task.data_dir has no problem"):
+        reward_run.extra_problems(task, 5, "/a/csv/folder")  # a dataset read from files: no generator
 
 
 def test_mixed_problems_keeps_the_problems_with_right_and_wrong_samples():
@@ -171,6 +201,8 @@ def test_prm_trains_on_a_label_file_and_a_bad_file_names_its_line(tmp_path):
     ("rl.threshold", 1.5, "config.rl.threshold"),
     ("reward.steps", 10, "config.reward.steps: 10 must exceed reward.optimizer.warmup_steps"),
     ("reward.pairwise_weight", -1.0, "config.reward.pairwise_weight: must be >= 0"),
+    ("reward.fresh_problems", True, "config.reward.fresh_problems: was replaced by config.task.extra_problems"),
+    ("task.extra_problems", -1, "config.task.extra_problems: must be >= 0"),
 ])
 def test_reward_config_errors_name_the_field(tmp_path, field, value, message):
     c = config_lib.base_config()

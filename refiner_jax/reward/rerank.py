@@ -272,7 +272,7 @@ def trace_error(correct, steps_correct) -> float:
 class RulesTable:
     """`rows[rule][column] = {"mean", "low", "high"}` for `COLUMNS` (point estimate and bootstrap interval);
     `deltas[rule]`: the rule's final-answer error minus the `baseline` rule's, paired over the same resampled
-    problem sets."""
+    problem sets; `more_deltas[other][rule]` the same against each further baseline `other`."""
 
     rows: dict
     rate: float
@@ -281,6 +281,7 @@ class RulesTable:
     alpha: float
     deltas: dict = dataclasses.field(default_factory=dict)
     baseline: str = ""
+    more_deltas: dict = dataclasses.field(default_factory=dict)
 
 
 def _checked(name: str, out: Outcome) -> Outcome:
@@ -304,14 +305,18 @@ def _statistics(out: Outcome, idx: np.ndarray, kept: int) -> np.ndarray:
 
 
 def results_table(outcomes: Mapping[str, Outcome], rate: float = 0.3, samples: int = 1000, seed: int = 0,
-                  alpha: float = 0.05) -> RulesTable:
+                  alpha: float = 0.05, more_baselines: Sequence[str] = ()) -> RulesTable:
     """Final-answer error, trace error and error at `rate` abstention per rule, each with a (1 - alpha)
     percentile-bootstrap interval. Problems are resampled in pairs across rules: every rule is scored on the same
-    `samples` resampled problem sets (`stats.resamples`), so rows are comparable."""
+    `samples` resampled problem sets (`stats.resamples`), so rows are comparable. Each rule's final-answer error is
+    also differenced, on those sets, from the first rule's and from each rule named in `more_baselines`."""
     if not outcomes:
         raise ValueError("no rules to tabulate")
     if samples < 1 or not 0.0 < alpha < 1.0 or not 0.0 <= rate < 1.0:
         raise ValueError(f"need samples >= 1, alpha in (0, 1), rate in [0, 1); got {samples}, {alpha}, {rate}")
+    missing = [name for name in more_baselines if name not in outcomes]
+    if missing:
+        raise ValueError(f"baselines {missing} are not rules of the table")
     outs = {name: _checked(name, o) for name, o in outcomes.items()}
     sizes = sorted({o.correct.size for o in outs.values()})
     if len(sizes) > 1:
@@ -322,14 +327,15 @@ def results_table(outcomes: Mapping[str, Outcome], rate: float = 0.3, samples: i
     for idx in resamples(n, samples, seed):  # [b, n] shared by every rule
         for name, o in outs.items():
             draws[name].append(_statistics(o, idx, kept))
-    rows, deltas = {}, {}
+    points = {name: _statistics(o, np.arange(n)[None], kept)[0] for name, o in outs.items()}
+    values = {name: np.concatenate(d) for name, d in draws.items()}  # [samples, 3] each
+    rows = {name: {col: interval(points[name][j], values[name][:, j], alpha) for j, col in enumerate(COLUMNS)}
+            for name in outs}
+
+    def deltas(baseline: str) -> dict:
+        return {name: interval(points[name][0] - points[baseline][0], values[name][:, 0] - values[baseline][:, 0],
+                               alpha) for name in outs if name != baseline}
+
     baseline = next(iter(outs))
-    base_point = _statistics(outs[baseline], np.arange(n)[None], kept)[0]
-    base_values = np.concatenate(draws[baseline])
-    for name, o in outs.items():
-        point = _statistics(o, np.arange(n)[None], kept)[0]
-        values = np.concatenate(draws[name])  # [samples, 3]
-        rows[name] = {col: interval(point[j], values[:, j], alpha) for j, col in enumerate(COLUMNS)}
-        if name != baseline:
-            deltas[name] = interval(point[0] - base_point[0], values[:, 0] - base_values[:, 0], alpha)
-    return RulesTable(rows, rate, n, samples, alpha, deltas, baseline)
+    return RulesTable(rows, rate, n, samples, alpha, deltas(baseline), baseline,
+                      {other: deltas(other) for other in more_baselines})

@@ -239,13 +239,12 @@ def write_results(results: Mapping[str, Any], out_dir: str, workdir: str | None 
 def markdown_table(table: RulesTable) -> str:
     """A reward run's `rerank.RulesTable` in Markdown, errors in % as `value [low, high]` (its `results.md`)."""
     header = ["Rule", "Final-answer error (%)", "Trace error (%)", f"Error at {100 * table.rate:g}% abstention (%)"]
-    if table.deltas:
-        header.append(f"Δ final-answer error vs {table.baseline}, paired")
+    blocks = ({table.baseline: table.deltas} if table.deltas else {}) | table.more_deltas
+    header += [f"Δ final-answer error vs {baseline}, paired" for baseline in blocks]
     rows = []
     for name, row in table.rows.items():
         cells = ["–" if math.isnan(row[c]["mean"]) else format_ci(row[c]) for c in COLUMNS]
-        if table.deltas:
-            cells.append(format_ci(table.deltas[name], signed=True) if name in table.deltas else "–")
+        cells += [format_ci(deltas[name], signed=True) if name in deltas else "–" for deltas in blocks.values()]
         rows.append([name, *cells])
     lines = _table(header, rows)
     lines.append(f"\n{table.n_problems} problems; brackets: {100 * (1 - table.alpha):g}% percentile-bootstrap "

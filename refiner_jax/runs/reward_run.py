@@ -9,6 +9,11 @@
            `reward.abstention` abstention with bootstrap intervals (`results.md`, `results.json`,
            `abstention.png`)
 
+Every model learns from the same problems: the training split (the reward models and expert iteration its first
+`reward.train_problems` / `rl.problems`) plus `task.extra_problems` generated ones. The SFT policy has then trained on
+every problem the reward models learned from, so it is their data-matched baseline: the table's "data-matched" rows
+are its own, and `results.json`'s `matched_paired_deltas` every rule's paired difference from its greedy answer.
+
 Policy samples are drawn once per (policy, split) and kept in `<workdir>/samples/`, so a resumed run and the ORM
 and PRM stages see the same ones.
 """
@@ -41,6 +46,7 @@ from refiner_jax.training.loop import StageSpec, stage_done, train_stage
 from refiner_jax.training.steps import reward_loss
 
 STAGES = ("sft", "orm", "prm", "rl", "eval")
+MATCHED = "data-matched (the SFT policy)"  # the label of the data-matched baseline's rows
 _SECTIONS = ("warmup", "reward", "rl")  # config sections that train
 
 
@@ -60,12 +66,9 @@ class Run:
         self.task: Task = self.s.task
         self.lengths = config.lengths
         train, val, test = (self.s.splits[k] for k in ("train", "val", "test"))
-        fresh = getattr(self.task, "fresh_problems", None)
-        if config.reward.fresh_problems and fresh is not None:
-            self.train = fresh(config.reward.train_problems, config.task.data_dir or None) or train
-        else:
-            self.train = train
-        self.train = self.train[:config.reward.train_problems]
+        self.extra = extra_problems(self.task, config.task.extra_problems, config.task.data_dir or None)
+        self.policy_train = list(train) + self.extra  # the SFT policy's problems
+        self.train = list(train[:config.reward.train_problems]) + self.extra  # the reward models'
         self.val = val[:config.reward.val_problems]
         self.test = test[:config.eval.examples]
         self.label_ids = reward_labels.label_ids(self.s.tokenizer, tuple(config.reward.label_tokens))
@@ -214,9 +217,8 @@ class Run:
 
     def sft_spec(self):
         c = self.config
-        train = self.s.splits["train"]
-        pairs = stage_data.warmup_pairs(train, self.task, 0.0, seed=c.seed)
-        return StageSpec("sft", c.warmup, len(train), pairs, self.generator_eval(c.warmup.eval_examples),
+        pairs = stage_data.warmup_pairs(self.policy_train, self.task, 0.0, seed=c.seed)
+        return StageSpec("sft", c.warmup, len(self.policy_train), pairs, self.generator_eval(c.warmup.eval_examples),
                          self.task.primary_metric, self.lengths.input, self.lengths.target), self.s.pretrained
 
     def generator_eval(self, count: int):
@@ -226,7 +228,7 @@ class Run:
     def rl_round_spec(self, reward: str, round_index: int, previous: str):
         """A round of expert iteration: sample from the `previous` policy, keep what `reward` accepts, fine-tune."""
         c = self.config
-        problems = self.s.splits["train"][:c.rl.problems]
+        problems = list(self.s.splits["train"][:c.rl.problems]) + self.extra
         name = f"rl_{reward}_{round_index}"
         samples = self.samples(previous, name, problems, c.rl.samples, c.seed + 100 * round_index)
         kept = self.keep(reward, problems, samples)
@@ -290,7 +292,6 @@ class Run:
                                [[_all_steps_right(task, ex, h)] for ex, h in zip(test, solutions)])
 
         selections = {
-            f"SFT majority vote (K={k})": rerank.majority_vote(answers),
             f"ORM rerank (K={k})": rerank.best_of_k(answers, orm_scores),
             f"PRM rerank (K={k})": rerank.best_of_k(answers, prm_scores),
             f"ORM-weighted vote (K={k})": rerank.weighted_vote(answers, orm_scores),
@@ -303,7 +304,12 @@ class Run:
             critic = load_critic(config_lib.load_run(c.reward.critic_workdir), task, c.eval.batch_size, self.s.mesh)
             confidence = critic.confidence([ex for ex in test for _ in range(k)], flat_h).reshape(len(test), k)
             selections[f"REFINER critic rerank (K={k})"] = rerank.best_of_k(answers, confidence)
-        outcomes = {"SFT greedy": greedy_outcome(greedy)}
+        majority = f"SFT majority vote (K={k})"
+        outcomes = {"SFT greedy": greedy_outcome(greedy), majority: rerank.majority_vote(answers).outcome(correct,
+                                                                                                          steps_ok)}
+        # The data-matched policy is the SFT policy itself (see the module's docstring): its rows, not a second one.
+        matched_baseline = f"SFT greedy, {MATCHED}"
+        outcomes.update({matched_baseline: outcomes["SFT greedy"], f"{majority}, {MATCHED}": outcomes[majority]})
         outcomes.update({name: sel.outcome(correct, steps_ok) for name, sel in selections.items()})
         for reward in c.rl.rewards:
             stage = f"rl_{reward}_{c.rl.rounds}"
@@ -311,7 +317,7 @@ class Run:
                 label = {"final": "Final-Answer RL", "orm": "ORM-RL", "prm": "PRM-RL"}[reward]
                 outcomes[f"{label} greedy"] = greedy_outcome(self.greedy(stage, f"{stage}_test_greedy", test))
         table = rerank.results_table(outcomes, rate=c.reward.abstention, samples=c.eval.bootstrap_samples,
-                                     seed=c.seed)
+                                     seed=c.seed, more_baselines=(matched_baseline,))
         groups = np.repeat(np.arange(len(test)), k)
         quality = {
             "orm": {"paired_auroc_final_answer": paired_auroc(orm_scores.ravel(), ~correct.ravel(), groups),
@@ -327,6 +333,7 @@ class Run:
         }
         curves = {name: rerank.abstention_curve(o.confidence, o.correct) for name, o in outcomes.items()}
         results = {"table": table.rows, "paired_deltas": {"baseline": table.baseline, **table.deltas},
+                   "matched_paired_deltas": {"baseline": matched_baseline, **table.more_deltas[matched_baseline]},
                    "rate": table.rate, "problems": table.n_problems, "quality": quality,
                    "curves": {n: {"coverage": cv.coverage.tolist(), "error": cv.error.tolist()}
                               for n, cv in curves.items()}}
@@ -334,6 +341,19 @@ class Run:
             results_lib.write_reward_results(self.workdir, task.name, table, quality, curves)
         _write_json(os.path.join(self.workdir, "results.json"), results)
         return results
+
+
+def extra_problems(task: Task, count: int, data_dir: str | None) -> list[Example]:
+    """`count` problems of the task's generator that no split holds (`task.extra_problems`)."""
+    if count == 0:
+        return []
+    fresh = getattr(task, "fresh_problems", None)
+    problems = fresh(count, data_dir) if fresh is not None else []
+    if len(problems) < count:
+        raise config_lib.ConfigError(
+            f"config.task.extra_problems: {count} generated problems asked for, but task {task.name!r} "
+            f"{'with task.data_dir ' if data_dir else ''}has no problem generator; set it to 0")
+    return problems
 
 
 def mixed_problems(data: Sequence[reward_labels.LabelledSolution], k: int) -> list[reward_labels.LabelledSolution]:

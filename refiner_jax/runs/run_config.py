@@ -115,9 +115,8 @@ def base_config() -> ml_collections.ConfigDict:
         "bootstrap_samples": 1000})
     # The reward-model pipeline (`pipeline = "reward"`, `runs.reward_run`): the warm-up section trains the SFT policy,
     # then `reward` its outcome and process reward models on `samples` policy samples (temperature `temperature`,
-    # nucleus `top_p`) of each of `train_problems` training problems (with `fresh_problems`, problems of the task's
-    # generator that no split holds, which the policy never trained on, like test), validated and early-stopped on
-    # `val_problems`, labelled by the task, or for the PRM by a PRM800K-style `labels_file` (0 ratings counted as
+    # nucleus `top_p`) of each of the first `train_problems` training problems (and of the `task.extra_problems`,
+    # which the policy trained on too), validated and early-stopped on `val_problems`, labelled by the task, or for the PRM by a PRM800K-style `labels_file` (0 ratings counted as
     # `neutral`); with `mixed_only`, only on the problems whose samples are not all right or all wrong (no label can
     # then be guessed from the problem's difficulty); with `lm_weight` > 0 it also keeps learning x -> z* on each
     # problem's gold solution (that weight per token; Cobbe et al.'s joint objective); with `pairwise_weight` > 0 it
@@ -132,12 +131,13 @@ def base_config() -> ml_collections.ConfigDict:
         "samples": 8, "train_problems": 2000, "val_problems": 200, "temperature": 0.7, "top_p": 1.0,
         "head": "token", "label_tokens": ("+", "-"), "max_steps": 8, "labels_file": "", "neutral": "positive",
         "steps": 600, "batch_size": 64, "microbatches": 1, "optimizer": _optimizer(1e-3), "eval_every": 200,
-        "patience": 2, "mixed_only": True, "fresh_problems": False, "lm_weight": 0.0, "likelihood": False,
+        "patience": 2, "mixed_only": True, "lm_weight": 0.0, "likelihood": False,
         "pairwise_weight": 0.0, "test_samples": 16,
         "prm_reduction": "min", "abstention": 0.3, "sample_rows": 1024, "critic_workdir": ""})
     # Expert iteration (reward pipeline): for each reward of `rewards` ("final": the answer is right, "orm" / "prm":
-    # that reward model's score >= `threshold`), `rounds` times: sample `samples` solutions of each of `problems`
-    # training problems from the current policy, keep the rewarded ones (once each), fine-tune on them.
+    # that reward model's score >= `threshold`), `rounds` times: sample `samples` solutions of each of the first
+    # `problems` training problems (and of the `task.extra_problems`) from the current policy, keep the rewarded ones
+    # (once each), fine-tune on them.
     c.rl = ml_collections.ConfigDict({
         "rewards": ("final", "orm", "prm"), "rounds": 1, "samples": 4, "problems": 2000, "threshold": 0.5,
         "steps": 200, "batch_size": 32, "microbatches": 1, "optimizer": _optimizer(5e-4), "eval_every": 100,
@@ -256,6 +256,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
     need(fields <= {"x", "z", "f"}, "refiner.template",
          f"unknown fields {sorted(fields - {'x', 'z', 'f'})} in {r.template!r}; only {{x}}, {{z}} and {{f}} exist")
     rm = c.reward
+    need("fresh_problems" not in rm, "reward.fresh_problems",
+         "was replaced by config.task.extra_problems, which adds that many generated problems to the training "
+         "problems of every model of the run alike (SFT policy, reward models, expert iteration); remove it")
     for name in ("samples", "train_problems", "val_problems", "max_steps", "test_samples", "sample_rows"):
         need(rm[name] >= 1, f"reward.{name}", "must be >= 1")
     need(rm.temperature > 0.0, "reward.temperature", "must be > 0 (the samples must differ)")
