@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import jax
-import numpy as np
 import pytest
 
 from _tolerance import EPS32, NETWORK, assert_f32_close
