@@ -28,6 +28,7 @@ import jax
 import orbax.checkpoint as ocp
 from jax.sharding import SingleDeviceSharding
 
+from refiner_jax import atomic_files
 from refiner_jax import sharding as shd
 
 _POLICIES = ocp.checkpoint_managers
@@ -127,13 +128,13 @@ class Checkpointer:
             return self._restore(self._step_or_latest(step), target)
         failed = []
         for candidate in sorted(self._manager.all_steps(), reverse=True):
-            try:
-                restored = self._restore(candidate, target)
-            except Exception as e:  # orbax and tensorstore raise ValueError, OSError, KeyError, JSON errors
-                failed.append((candidate, e))
+            restored, error = self._restore_or_error(candidate, target)
+            if not shd.all_processes_ok(error is None):  # a step any process cannot read is skipped by all
+                error = error or OSError("another process of this run cannot read it")
+                failed.append((candidate, error))
                 warnings.warn(f"checkpoint step {candidate} at {os.path.join(self.directory, str(candidate))} "
-                              f"cannot be read ({type(e).__name__}: {_first_line(e)}); trying the one before it",
-                              DamagedCheckpointWarning, stacklevel=2)
+                              f"cannot be read ({type(error).__name__}: {_first_line(error)}); trying the one "
+                              "before it", DamagedCheckpointWarning, stacklevel=2)
                 continue
             self._set_aside([s for s, _ in failed])
             return restored
@@ -144,6 +145,22 @@ class Checkpointer:
             + "; ".join(f"step {s}: {type(e).__name__}: {_first_line(e)}" for s, e in failed)
             + ". If they were written by another model or config, rerun with that config; if they are damaged, "
             f"move {self.directory} away to start the stage over")
+
+    def _restore_or_error(self, step: int, target: Any) -> tuple[Any, BaseException | None]:
+        """(restored, None), or (None, the error) when this process cannot read `step`. Either way every process
+        leaves at the same collective: orbax's restore ends with a barrier, and a process whose read failed before
+        it meets the others there under another name, which fails that barrier on every process alike (orbax and
+        tensorstore raise ValueError, OSError, KeyError, JSON errors)."""
+        try:
+            return self._restore(step, target), None
+        except Exception as e:
+            if _barrier_mismatch(e):
+                return None, OSError("another process of this run cannot read it")
+            try:
+                shd.sync_processes(f"checkpoint step {step} unreadable")
+            except AssertionError:
+                pass
+            return None, e
 
     def _restore(self, step: int, target: Any) -> tuple[Any, dict[str, Any]]:
         args = ocp.args.Composite(state=ocp.args.PyTreeRestore(item=target, restore_args=_restore_args(target)),
@@ -208,6 +225,12 @@ class Checkpointer:
         self.close()
 
 
+def _barrier_mismatch(error: BaseException) -> bool:
+    """Whether `error` is a barrier that other processes reached under another name (jax's
+    `sync_global_devices`): this process got through its own read."""
+    return isinstance(error, AssertionError) and "sync_global_devices name mismatch" in str(error)
+
+
 def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [""])[0][:300]
 
@@ -223,8 +246,8 @@ def export_params(directory: str | os.PathLike, params: Any, metadata: dict[str,
     directory = os.path.abspath(os.fspath(directory))
     ocp.PyTreeCheckpointer().save(os.path.join(directory, "params"), args=ocp.args.PyTreeSave(params), force=True)
     if shd.is_main_process():
-        with open(os.path.join(directory, "metadata.json"), "w", encoding="utf-8") as f:
-            json.dump(dict(metadata or {}), f, indent=2, sort_keys=True)
+        atomic_files.write_json(os.path.join(directory, "metadata.json"), dict(metadata or {}), indent=2,
+                                sort_keys=True)
     shd.sync_processes("export_params")  # the export is complete for every process once this returns
 
 

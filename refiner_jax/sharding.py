@@ -293,6 +293,15 @@ def sync_processes(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
+def all_processes_ok(ok: bool) -> bool:
+    """Whether `ok` holds on every process: a collective every process calls at the same point, so that a failure
+    seen by one process (a refused lock, an unreadable file) stops or redirects all of them alike instead of
+    leaving the others waiting at the next collective. `ok` itself on one process."""
+    if jax.process_count() == 1:
+        return ok
+    return bool(np.all(multihost_utils.process_allgather(np.asarray(ok, np.int32))))
+
+
 def maybe_initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
                                  process_id: int | None = None, enabled: bool = False) -> bool:
     """Calls ``jax.distributed.initialize`` for multi-process runs; a no-op for single-process ones.

@@ -1,28 +1,22 @@
-"""A small, deterministic T5 training run that checkpoints and resumes; driven by tests/test_checkpoint.py.
+"""A small, deterministic T5 training run that checkpoints and resumes; driven by tests/test_checkpoint.py and
+tests/test_multiprocess.py.
 
     python tests/_resume_worker.py WORKDIR --steps 24 --ckpt_every 5 [--pause_at 13] [--mesh 1,2,1]
+        [--devices 2 --coordinator HOST:PORT --num_processes 2 --process_id I] [--unreadable P:S]
 
 Prints ``RESUMED <step>`` when it continues from a checkpoint, ``STEP <n>`` after every update (flushed) and, with
-``--pause_at n``, stops after update n and sleeps (so a test can SIGKILL it mid-run). At the end it writes the
-final parameters to ``WORKDIR/final_params.npz``.
+``--pause_at n``, stops after update n and sleeps (so a test can SIGKILL it mid-run). ``--unreadable P:S`` makes
+process P fail to read checkpoint step S (a file only that process cannot read). At the end it writes the final
+parameters to ``WORKDIR/final_params.npz``.
 """
 import argparse
 import os
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from refiner_jax import sharding as shd  # noqa: E402
-from refiner_jax.checkpoint import Checkpointer  # noqa: E402
-from refiner_jax.models.t5 import T5  # noqa: E402
-from refiner_jax.models.t5_config import preset  # noqa: E402
-from refiner_jax.training import (EpochOrder, abstract_train_state, create_train_state, make_optimizer,  # noqa: E402
-                                  make_train_step, seq2seq_loss)
 
 NUM_EXAMPLES, BATCH, VOCAB = 40, 8, 64
 
@@ -48,7 +42,36 @@ def main() -> None:
     ap.add_argument("--ckpt_every", type=int, default=5)
     ap.add_argument("--pause_at", type=int, default=0)
     ap.add_argument("--mesh", default="1,-1,1")
+    ap.add_argument("--devices", type=int, default=0)
+    ap.add_argument("--coordinator", default=None)
+    ap.add_argument("--num_processes", type=int, default=None)
+    ap.add_argument("--process_id", type=int, default=None)
+    ap.add_argument("--unreadable", default="")
     args = ap.parse_args()
+    if args.devices:
+        os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
+    import jax
+    import jax.numpy as jnp
+
+    from refiner_jax import sharding as shd
+    from refiner_jax.checkpoint import Checkpointer
+    from refiner_jax.models.t5 import T5
+    from refiner_jax.models.t5_config import preset
+    from refiner_jax.training import (EpochOrder, abstract_train_state, create_train_state, make_optimizer,
+                                      make_train_step, seq2seq_loss)
+
+    shd.maybe_initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+    if args.unreadable:
+        process, step = (int(n) for n in args.unreadable.split(":"))
+        if jax.process_index() == process:
+            restore = Checkpointer._restore
+
+            def unreadable(self, candidate, target):
+                if candidate == step:
+                    raise OSError(f"injected: process {process} cannot read step {step}")
+                return restore(self, candidate, target)
+
+            Checkpointer._restore = unreadable
 
     data = toy_dataset()
     model = T5(preset("t5-tiny", num_layers=1, vocab_size=VOCAB, dropout_rate=0.1))
@@ -77,8 +100,14 @@ def main() -> None:
             print(f"STEP {step} loss {float(metrics['loss']):.4f}", flush=True)
             if step == args.pause_at:
                 time.sleep(600)
-    flat = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(state.params)}
-    np.savez(os.path.join(args.workdir, "final_params.npz"), **flat)
+    params = state.params
+    if jax.process_count() > 1:  # each process holds only its shards
+        from jax.experimental import multihost_utils
+
+        params = multihost_utils.process_allgather(params, tiled=True)
+    flat = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(params)}
+    if shd.is_main_process():
+        np.savez(os.path.join(args.workdir, "final_params.npz"), **flat)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,30 @@ def test_gsm8k_from_parquet_equals_the_jsonl_reader(shared_data, gsm8k_parquet):
     assert test[0].y == "18"  # "#### 18", Janet's ducks
 
 
+def _hub_cache(name: str, config: str, data_files: dict) -> None:
+    """Writes the `datasets` cache that `load_dataset(name, config)` leaves after a download
+    (`<cache>/<owner>___<name>/<config>/0.0.0/<revision>/<name>-<split>.arrow` and `dataset_info.json`), from local
+    parquet files: what a user who loaded the dataset once online has on disk."""
+    import datasets
+    from datasets.packaged_modules.parquet.parquet import Parquet
+
+    owner, short = name.split("/")
+    cache = pathlib.Path(datasets.config.HF_DATASETS_CACHE)
+    Parquet(cache_dir=str(cache), dataset_name=short, config_name=config, config_id=config,
+            data_files=data_files, hash="0123abcd").download_and_prepare()
+    (cache / short).rename(cache / f"{owner}___{short}")
+
+
+def test_gsm8k_from_the_hub_cache_offline(shared_data, gsm8k_parquet):
+    """A hub name read in offline mode (conftest) from the cache a download leaves: the same examples as the
+    task's own folder, and no download attempted."""
+    _hub_cache("openai/gsm8k", "main", {s: str(gsm8k_parquet / f"{s}.parquet") for s in ("train", "test")})
+    task = get_task("gsm8k")
+    for split in ("train", "val", "test"):
+        assert task.load(split, "openai/gsm8k:main") == task.load(split, str(shared_data / "gsm8k"))
+    with pytest.raises(DataError, match="openai/gsm8k:socratic: not in the hub's cache"):
+        task.load("test", "openai/gsm8k:socratic")
+
 def test_svamp_from_parquet_equals_the_csv_reader(shared_data, svamp_parquet):
     task = get_task("mwp", lowercase=True)
     folder = shared_data / "svamp" / "mawps-asdiv-a_svamp"
@@ -90,6 +114,42 @@ def test_a_run_reads_the_same_splits_from_parquet(config, data, request):
     config.task.data_dir = str(request.getfixturevalue(data))
     assert run_setup.load_splits(task, config) == own
 
+
+def test_moral_stories_from_parquet_equals_the_actor_reader(shared_data, tmp_path):
+    """REFINER's actor files as train/test parquet give the own reader's examples (train: dev less the same
+    held-out slice); a story in the dataset's own fields renders into the actor layout, by hand."""
+    own = shared_data / "refiner" / "moral_stories"
+    for split, name in (("train", "actor_dev.json"), ("test", "actor_test.json")):
+        _parquet(tmp_path / f"{split}.parquet", json.loads((own / name).read_text(encoding="utf-8")))
+    task = get_task("moral_stories")
+    for split in ("train", "val", "test"):
+        from_parquet = task.load(split, str(tmp_path))
+        assert from_parquet and from_parquet == task.load(split, str(own))
+    story = {"ID": "s1", "norm": "It's good to share.", "situation": "Ann has  two apples.",
+             "intention": "Ann wants a snack.", "moral_action": "Ann gives one to Bo.",
+             "immoral_action": "Ann eats both.", "moral_consequence": "Bo smiles.", "label": 1}
+    _parquet(tmp_path / "stories" / "train.parquet", [story] * 3)
+    _parquet(tmp_path / "stories" / "test.parquet", [story, dict(story, norm=None)])
+    example = get_task("moral_stories", val_size=1).load("train", str(tmp_path / "stories"))[0]
+    assert (example.uid, example.x, example.z, example.y) == (
+        "s1", "<|SIT|> Ann has two apples. <|INT|> Ann wants a snack. <|I_ACT|> Ann eats both. <|NRM|>",
+        "It's good to share.", "Ann gives one to Bo.")
+    with pytest.raises(DataError, match=r"test.parquet: row 2: field 'norm' is missing"):
+        task.load("test", str(tmp_path / "stories"))
+
+
+def test_snlr_from_jsonl_equals_the_srn_reader(shared_data, tmp_path):
+    """REFINER's srn_*.json records as train / validation / test JSON lines give the own reader's examples."""
+    own = shared_data / "refiner" / "srn"
+    for split, name in (("train", "train"), ("val", "validation"), ("test", "test")):
+        _jsonl(tmp_path / f"{name}.jsonl", json.loads((own / f"srn_{split}.json").read_text(encoding="utf-8")))
+    task = get_task("snlr")
+    for split in ("train", "val", "test"):
+        from_jsonl = task.load(split, str(tmp_path))
+        assert from_jsonl and from_jsonl == task.load(split, str(own))
+    (tmp_path / "validation.jsonl").unlink()
+    with pytest.raises(DataError, match="no data file for the validation split"):
+        task.load("val", str(tmp_path))
 
 def test_split_pairs_and_the_hub_folder_layout(tmp_path):
     rows = [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = <<{i}+1={i + 1}>>{i + 1}\n#### {i + 1}"}

@@ -17,6 +17,7 @@ from _helpers import padded_prompts as _prompts
 from _tolerance import ELEMENTWISE, NETWORK, PARITY, REORDER, assert_f32_close, tolerance
 from flax.linen import meta
 
+from refiner_jax.models import hf as hf_lib
 from refiner_jax.models import hf_decoder
 from refiner_jax.models.decoder import Decoder, init_cache, rope_frequencies
 from refiner_jax.models.decoder_config import DecoderConfig, preset
@@ -254,6 +255,21 @@ def test_export_loads_in_transformers_and_round_trips_exactly(family, tmp_path):
     assert_f32_close(np.asarray(logits)[mask], ref_logits[mask], ulps=PARITY, what=f"exported {family.name} logits")
 
 
+
+def test_export_writes_the_end_tokens_transformers_generate_reads(tmp_path):
+    """Two end tokens and a pad token survive export: `generation_config.json`, read by transformers'
+    `GenerationConfig` (what `generate` stops by), lists both, and `load_decoder` reads the same config back."""
+    from transformers import GenerationConfig
+
+    config = preset("llama-tiny", vocab_size=64, pad_id=5, eos_id=(3, 7)).replace(bos_id=1)
+    params = Decoder(config).init(jax.random.key(0), np.ones((1, 4), np.int32))["params"]
+    out = hf_decoder.save_decoder(config, meta.unbox(params), tmp_path / "export")
+    generation = GenerationConfig.from_pretrained(out)
+    assert (generation.eos_token_id, generation.pad_token_id, generation.bos_token_id) == ([3, 7], 5, 1)
+    assert hf_decoder.load_decoder(out)[0] == config
+    single = hf_decoder.save_decoder(config.replace(eos_id=3, bos_id=None), meta.unbox(params), tmp_path / "one")
+    assert json.loads((single / "generation_config.json").read_text()) == {"eos_token_id": 3, "pad_token_id": 5}
+
 def _llama_dict(**rope):
     return dict(model_type="llama", vocab_size=11, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
                 num_attention_heads=2, max_position_embeddings=128, **rope)
@@ -335,7 +351,7 @@ def test_param_dtype_from_a_bfloat16_checkpoint(tmp_path):
                                   ref.model.embed_tokens.weight.detach().float().numpy())
     ref.float().save_pretrained(tmp_path / "f32")
     assert hf_decoder.load_decoder(tmp_path / "f32", param_dtype="checkpoint")[0].param_dtype == "float32"
-    assert [hf_decoder.checkpoint_dtype(hf) for hf in ({"torch_dtype": "float16"}, {"dtype": "auto"}, {})] == [
+    assert [hf_lib.checkpoint_dtype(hf) for hf in ({"torch_dtype": "float16"}, {"dtype": "auto"}, {})] == [
         "float16", "float32", "float32"]
 
 

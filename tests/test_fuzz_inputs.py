@@ -16,6 +16,7 @@ from refiner_jax.tasks import DataError, dataset_rows
 from refiner_jax.tasks.gsm8k import gsm8k_task
 from refiner_jax.tasks.gsm8k.calculator import (CalcError, calculator_completion, evaluate_expression, format_number,
                                                 parse_number)
+from refiner_jax.tasks.moral_stories import moral_stories_task
 from refiner_jax.tasks.moral_stories.moral_stories_task import read_actor_file
 from refiner_jax.tasks.mwp import formula, svamp_data
 from refiner_jax.tasks.prm800k import read_prm800k
@@ -228,6 +229,36 @@ def _mwp_dataset_rows(rows):
 
 
 test_mwp_dataset_rows, test_mwp_dataset_rows_full = _mwp_dataset_rows
+
+MORAL_ROW = (records({"ID": st.text(max_size=4), "norm": st.text(max_size=8), "situation": st.text(max_size=8),
+                      "intention": st.text(max_size=8), "moral_action": st.text(max_size=8),
+                      "immoral_action": st.text(max_size=8)})
+             | records({"id": st.text(max_size=4), "actor_input": st.text(max_size=12),
+                        "actor_output": st.text(max_size=12)}))
+
+
+@fuzz(MORAL_ROW)
+def _moral_dataset_rows(row):
+    """A Moral Stories row maps to an actor record that the actor check accepts and that makes an example whose
+    input holds the story's fields in order, or it is refused naming the row."""
+    where = "rows: row 1"
+    try:
+        record = dataset_rows.moral_record(row, where)
+    except DataError as e:
+        assert str(e).startswith(where)
+        return
+    problem = moral_stories_task._record_problem(where, None, record)
+    if problem is not None:
+        assert problem.startswith(where)
+        return
+    example = moral_stories_task.MoralStoriesTask._example(record)
+    if "actor_input" not in row:
+        story = [" ".join(row[k].split()) for k in ("situation", "intention", "immoral_action")]
+        assert [example.meta[k] for k in ("situation", "intention", "immoral_action")] == story
+        assert example.z == " ".join(row["norm"].split())
+
+
+test_moral_dataset_rows, test_moral_dataset_rows_full = _moral_dataset_rows
 
 TAGGED = st.lists(st.tuples(st.text(alphabet="ab 1+-", max_size=6), st.sampled_from("+-")), max_size=4)
 STEP_ROW = (records({"input": st.text(max_size=8), "label": st.text(max_size=8)})

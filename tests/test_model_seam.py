@@ -18,6 +18,7 @@ from refiner_jax.text_model import TextModel, load_text_model
 from refiner_jax.tokenizers import ByteTokenizer
 from refiner_jax.runs import refiner_run
 from refiner_jax.runs import run_config as config_lib
+from refiner_jax.runs import run_setup
 from refiner_jax.training.steps import pair_loss
 
 
@@ -162,3 +163,32 @@ def test_refiner_run_with_a_decoder_generator(tmp_path):
     c.model.preset = "t5-tiny"
     with pytest.raises(config_lib.ConfigError, match="unknown preset 't5-tiny' for family 'decoder'"):
         refiner_run.run(c, str(tmp_path / "other"))
+
+
+def test_run_config_param_dtype_checkpoint_keeps_a_bfloat16_checkpoint(tmp_path):
+    """`model.param_dtype="checkpoint"` on a bfloat16 checkpoint gives bfloat16 parameters equal to the stored
+    ones; the default ("float32") gives the same values as float32."""
+    import json
+
+    from safetensors.flax import save_file
+
+    from refiner_jax.models import hf_decoder
+    from test_pipeline import tiny_config
+
+    tok, lm, params = _decoder()
+    out = hf_decoder.save_decoder(lm.config, params, tmp_path / "bf16")
+    state = hf_decoder.state_dict_from_params(lm.config, params)
+    save_file({k: jnp.asarray(v, jnp.bfloat16) for k, v in state.items()}, str(out / "model.safetensors"))
+    hf = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(dict(hf, dtype="bfloat16")))
+    c = tiny_config()
+    c.model.family, c.model.checkpoint = "decoder", str(out)
+    float32 = run_setup.model_setup(c, tok)[1]
+    c.model.param_dtype = "checkpoint"
+    config, kept = run_setup.model_setup(c, tok)
+    assert config.param_dtype == "bfloat16"
+    assert {x.dtype for x in jax.tree.leaves(kept)} == {jnp.dtype("bfloat16")}
+    assert {x.dtype for x in jax.tree.leaves(float32)} == {np.dtype("float32")}
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a, np.float32), b), kept, float32)
+    rounded = jax.tree.map(lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32), params)
+    jax.tree.map(np.testing.assert_array_equal, float32, rounded)

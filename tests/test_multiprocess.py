@@ -43,7 +43,9 @@ def _metrics(workdir):
     return [keep(json.loads(line)) for line in open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8")]
 
 
-@pytest.mark.parametrize("mesh", ["2,2,1", "4,1,1"])
+# data 4 runs under -m slow (a whole run over two processes takes minutes on two cores); its hand-summed gradients
+# are also checked against one device in tests/test_train_steps.py.
+@pytest.mark.parametrize("mesh", ["2,2,1", pytest.param("4,1,1", marks=pytest.mark.slow)])
 def test_two_processes_train_like_one(tmp_path, mesh):
     one, two = tmp_path / "one", tmp_path / "two"
     _finish(_start(one, mesh), "the one-process run")
@@ -71,3 +73,56 @@ def test_two_processes_train_like_one(tmp_path, mesh):
     assert len((two / "timings.json").read_text().splitlines()) == 1
     rows = lambda d: json.loads((d / "results.json").read_text())["rows"]  # noqa: E731
     assert rows(two) == rows(one)
+
+
+RESUME_WORKER = os.path.join(REPO, "tests", "_resume_worker.py")
+
+
+def _two_processes(script, workdir, *args):
+    address = f"localhost:{_free_port()}"
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    return [subprocess.Popen([sys.executable, script, str(workdir), "--devices", "2", *args, "--coordinator", address,
+                              "--num_processes", "2", "--process_id", str(i)], env=env, cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
+
+
+def test_a_refused_workdir_lock_stops_every_process(tmp_path):
+    """A live run holds the workdir's lock: process 0 is refused, and process 1 stops with it at setup instead of
+    waiting at the next collective."""
+    from refiner_jax.runs import run_lock
+
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    held = run_lock.acquire(str(workdir))  # this test process is the live run
+    try:
+        procs = _two_processes(WORKER, workdir, "--mesh", "2,2,1")
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        held.release()
+    assert [p.returncode != 0 for p in procs] == [True, True], outs
+    assert f"process {os.getpid()} on host" in outs[0] and "WorkdirLockedError" in outs[0], outs[0][-2000:]
+    assert "process 0 could not lock this workdir" in outs[1], outs[1][-2000:]
+    assert not (workdir / "warmup").exists()
+
+
+@pytest.mark.slow
+def test_a_checkpoint_one_process_cannot_read_is_skipped_by_every_process(tmp_path):
+    """Process 1 cannot read the latest checkpoint (step 10; process 0 can): both processes warn, restore step 5,
+    set step 10 aside and train on to the parameters of the uninterrupted two-process run, bit for bit."""
+    import numpy as np
+
+    steps = ("--ckpt_every", "5", "--mesh", "1,4,1")
+    for p in _two_processes(RESUME_WORKER, tmp_path / "run", "--steps", "10", *steps):
+        _finish(p, "the first 10 steps")
+    outs = [_finish(p, f"process {i}, resumed") for i, p in enumerate(
+        _two_processes(RESUME_WORKER, tmp_path / "run", "--steps", "14", *steps, "--unreadable", "1:10"))]
+    assert "injected: process 1 cannot read step 10" in outs[1]
+    assert "another process of this run cannot read it" in outs[0]
+    assert all("DamagedCheckpointWarning" in out and "RESUMED 5" in out for out in outs)
+    assert (tmp_path / "run" / "ckpt.damaged" / "10").is_dir()
+    for p in _two_processes(RESUME_WORKER, tmp_path / "whole", "--steps", "14", *steps):
+        _finish(p, "the uninterrupted run")
+    resumed, whole = (np.load(tmp_path / d / "final_params.npz") for d in ("run", "whole"))
+    assert sorted(resumed.files) == sorted(whole.files)
+    for name in whole.files:
+        np.testing.assert_array_equal(resumed[name], whole[name], err_msg=name)

@@ -49,6 +49,8 @@ def tiny_config():
     ("checkpoint.keep", 0, "config.checkpoint.keep: must be >= 1"),
     ("log_every", 0, "config.log_every: must be >= 1"),
     ("model.dtype", "bf16", "config.model.dtype: 'bf16' is not a dtype"),
+    ("model.param_dtype", "bf16", "config.model.param_dtype: 'bf16' is not a dtype"),
+    ("model.param_dtype", "checkpoint", "config.model.param_dtype: 'checkpoint' keeps .* model.checkpoint is empty"),
     ("critic.eval_examples", 0, "config.critic.eval_examples: must be >= 1"),
     ("critic.mode", "judge", "config.critic.mode: 'judge' is not a critic mode"),
     ("critic.fresh_problems", 60000, "config.critic.fresh_problems: was replaced by task.extra_problems"),

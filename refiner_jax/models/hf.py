@@ -227,13 +227,31 @@ def read_config(directory: pathlib.Path) -> dict:
     return json.loads(config_file.read_text())
 
 
-def write_checkpoint(directory: str | os.PathLike, hf_config: dict, state: dict[str, np.ndarray]) -> pathlib.Path:
-    """Writes `config.json` and `model.safetensors`, the files transformers' `from_pretrained` reads."""
+def checkpoint_dtype(hf: dict) -> str:
+    """The parameter dtype config.json records (`dtype`, or transformers 4's `torch_dtype`); float32 when it names
+    none of bfloat16, float16, float32."""
+    name = str(hf.get("dtype") or hf.get("torch_dtype") or "float32").removeprefix("torch.")
+    return name if name in ("bfloat16", "float16", "float32") else "float32"
+
+
+def numerics_overrides(hf: dict, overrides: dict) -> dict:
+    """`overrides` with `param_dtype="checkpoint"` replaced by the dtype the checkpoint was saved in."""
+    if overrides.get("param_dtype") == "checkpoint":
+        return dict(overrides, param_dtype=checkpoint_dtype(hf))
+    return overrides
+
+
+def write_checkpoint(directory: str | os.PathLike, hf_config: dict, state: dict[str, np.ndarray],
+                     generation: dict | None = None) -> pathlib.Path:
+    """Writes `config.json` and `model.safetensors`, the files transformers' `from_pretrained` reads, and
+    `generation_config.json` when `generation` (its fields) is given."""
     from safetensors.numpy import save_file
 
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(hf_config, indent=2))
+    if generation:
+        (directory / "generation_config.json").write_text(json.dumps(generation, indent=2))
     save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
     return directory
 
@@ -268,10 +286,12 @@ def resolve_checkpoint(name_or_dir: str | os.PathLike) -> pathlib.Path:
 def load_t5(name_or_dir: str | os.PathLike, **config_overrides) -> tuple[T5Config, dict]:
     """(config, params) from a transformers T5 checkpoint directory, a preset name or a hub name (online only).
 
-    `config_overrides` change numerics fields such as `dtype`, `param_dtype`, `dropout_rate` or `remat`.
+    `config_overrides` change numerics fields such as `dtype`, `param_dtype`, `dropout_rate` or `remat`;
+    `param_dtype="checkpoint"` keeps the dtype the checkpoint was saved in (`checkpoint_dtype`).
     """
     directory = resolve_checkpoint(name_or_dir)
-    config = config_from_hf(read_config(directory)).replace(**config_overrides)
+    hf = read_config(directory)
+    config = config_from_hf(hf).replace(**numerics_overrides(hf, config_overrides))
     return config, params_from_state_dict(config, read_state_dict(directory))
 
 

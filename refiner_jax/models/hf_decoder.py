@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from refiner_jax.models.decoder_config import HUB_NAMES, DecoderConfig
-from refiner_jax.models.hf import (check_known, get_param, param_shapes, read_config, read_state_dict,
-                                   resolve_checkpoint, set_checked, write_checkpoint)
+from refiner_jax.models.hf import (check_known, get_param, numerics_overrides, param_shapes, read_config,
+                                   read_state_dict, resolve_checkpoint, set_checked, write_checkpoint)
 
 SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2")
 _LLAMA_FAMILY = ("llama", "mistral", "qwen2")
@@ -307,29 +307,29 @@ def generation_tokens(directory: pathlib.Path) -> dict:
     return {k: v for k, v in fields.items() if v is not None}
 
 
-def checkpoint_dtype(hf: dict) -> str:
-    """The parameter dtype config.json records (`dtype`, or transformers 4's `torch_dtype`); float32 when it names
-    none of bfloat16, float16, float32."""
-    name = str(hf.get("dtype") or hf.get("torch_dtype") or "float32").removeprefix("torch.")
-    return name if name in ("bfloat16", "float16", "float32") else "float32"
-
-
 def load_decoder(name_or_dir: str | os.PathLike, **config_overrides) -> tuple[DecoderConfig, dict]:
     """(config, params) from a transformers checkpoint directory, a preset name or a hub name (online only).
 
     `config_overrides` change numerics fields such as `dtype`, `param_dtype`, `dropout_rate` or `remat`;
-    `param_dtype="checkpoint"` keeps the dtype the checkpoint was saved in (`checkpoint_dtype`). The end and pad
+    `param_dtype="checkpoint"` keeps the dtype the checkpoint was saved in (`hf.checkpoint_dtype`). The end and pad
     tokens of `generation_config.json`, when present, win over config.json's.
     """
     directory = resolve_checkpoint(HUB_NAMES.get(str(name_or_dir), name_or_dir))
     hf = read_config(directory)
-    if config_overrides.get("param_dtype") == "checkpoint":
-        config_overrides["param_dtype"] = checkpoint_dtype(hf)
-    config = config_from_hf(hf).replace(**{**generation_tokens(directory), **config_overrides})
+    config = config_from_hf(hf).replace(**{**generation_tokens(directory), **numerics_overrides(hf, config_overrides)})
     return config, params_from_state_dict(config, read_state_dict(directory))
 
 
+def generation_fields(config: DecoderConfig) -> dict:
+    """The `generation_config.json` fields transformers' `generate` stops and pads by: every end token (a list when
+    there are several), the pad and bos tokens; those `config` sets."""
+    eos = list(config.eos_id) if isinstance(config.eos_id, tuple) else config.eos_id
+    fields = {"bos_token_id": config.bos_id, "eos_token_id": eos, "pad_token_id": config.pad_id}
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def save_decoder(config: DecoderConfig, params: dict, directory: str | os.PathLike) -> pathlib.Path:
-    """Writes `config.json` and `model.safetensors` that `AutoModelForCausalLM.from_pretrained` loads (a tied
-    output layer is not stored, as transformers saves it)."""
-    return write_checkpoint(directory, config_to_hf(config), state_dict_from_params(config, params))
+    """Writes `config.json`, `generation_config.json` and `model.safetensors` that `AutoModelForCausalLM` and
+    `GenerationConfig.from_pretrained` load (a tied output layer is not stored, as transformers saves it)."""
+    return write_checkpoint(directory, config_to_hf(config), state_dict_from_params(config, params),
+                            generation_fields(config))

@@ -18,9 +18,9 @@ import json
 import os
 import random
 import sys
-import tempfile
 from typing import Any, Callable, Iterable, Sequence
 
+from refiner_jax import atomic_files
 from refiner_jax.refiner import critics, feedback_loop
 from refiner_jax.tasks.base import (DEFAULT_REFINE_TEMPLATE, NO_HINT, DataError, Example, Task, as_task_question,
                                     gold_fields_read, is_no_hint, json_objects, raise_problems)
@@ -271,18 +271,11 @@ def run_tool(critic: critics.Critic, task: Task, input_path: str, output_path: s
         warn(message)
     fmt = prompt_format(task.name, demonstrations) if render else None
     written = 0
-    folder, name = os.path.split(os.path.abspath(output_path))
-    handle, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as f:
-            for start in range(0, len(records), chunk_size):
-                for record in annotate(records[start:start + chunk_size], critic, task, fmt, input_path):
-                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
-                    written += 1
-        os.replace(temp, output_path)
-    finally:
-        if os.path.exists(temp):
-            os.remove(temp)
+    with atomic_files.atomic_open(output_path) as f:
+        for start in range(0, len(records), chunk_size):
+            for record in annotate(records[start:start + chunk_size], critic, task, fmt, input_path):
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                written += 1
     return ToolResult(written, tuple(problems))
 
 

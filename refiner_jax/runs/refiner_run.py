@@ -15,6 +15,7 @@ from typing import Any
 
 import ml_collections
 
+from refiner_jax import atomic_files
 from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax import sharding as shd
 from refiner_jax.refiner import evaluation, stage_data
@@ -211,8 +212,7 @@ class _Job:
             calibration = stage_data.calibrate_critic(task, critic, examples, hypotheses)
         calibration["generator"] = source
         if shd.is_main_process():
-            with open(path, "w", encoding="utf-8") as f:
-                json.dump(calibration, f, indent=2)
+            atomic_files.write_json(path, calibration, indent=2)
             print("[critic] calibrated: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                                       for k, v in calibration.items()))
         shd.sync_processes("critic calibrated")
@@ -229,9 +229,8 @@ class _Job:
         self.timings["eval"] = time.time() - start
         self.results["eval"] = {"rows": tables["rows"], "seconds": self.timings["eval"]}
         if shd.is_main_process():
-            os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
-            with open(os.path.join(workdir, "eval", "DONE"), "w", encoding="utf-8") as f:
-                json.dump(self.results["eval"], f, indent=2, default=float)
+            atomic_files.write_json(os.path.join(workdir, "eval", "DONE"), self.results["eval"], indent=2,
+                                    default=float)
             results_lib.print_results(os.path.join(workdir, "results.json"))
 
     def finish(self) -> dict:

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from refiner_jax import atomic_files
 from refiner_jax.reward.rerank import COLUMNS, Curve, RulesTable
 
 STAGES = ("warmup", "critic", "refiner")
@@ -211,11 +212,10 @@ def write_results(results: Mapping[str, Any], out_dir: str, workdir: str | None 
     paths: dict[str, str] = {}
     summary = {k: v for k, v in results.items() if k != "trajectories"}
     paths["json"] = os.path.join(out_dir, "results.json")
-    with open(paths["json"], "w", encoding="utf-8") as f:
-        json.dump(_jsonable(summary), f, indent=2)
+    atomic_files.write_json(paths["json"], _jsonable(summary), indent=2)
     if results.get("trajectories"):
         paths["predictions"] = os.path.join(out_dir, "predictions.jsonl")
-        with open(paths["predictions"], "w", encoding="utf-8") as f:
+        with atomic_files.atomic_open(paths["predictions"]) as f:
             for record in results["trajectories"]:
                 f.write(json.dumps(_jsonable(record)) + "\n")
     plots = []
@@ -228,8 +228,7 @@ def write_results(results: Mapping[str, Any], out_dir: str, workdir: str | None 
             paths[f"curves_{stage}"] = path
             plots.append(os.path.basename(path))
     paths["markdown"] = os.path.join(out_dir, "results.md")
-    with open(paths["markdown"], "w", encoding="utf-8") as f:
-        f.write(render_markdown(results, plots))
+    atomic_files.write_text(paths["markdown"], render_markdown(results, plots))
     return paths
 
 
@@ -264,8 +263,7 @@ def write_reward_results(workdir: str, task_name: str, table: RulesTable, qualit
               for name, q in quality.items()]
     lines.append("\n![abstention](abstention.png)\n")
     text = "\n".join(lines)
-    with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
-        f.write(text)
+    atomic_files.write_text(os.path.join(workdir, "results.md"), text)
     print(text)
     return text
 

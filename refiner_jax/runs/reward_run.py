@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from refiner_jax import atomic_files
 from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax.reward import batches as reward_batches, labels as reward_labels, rerank, scorer as reward_scorer
 from refiner_jax import sharding as shd
@@ -52,9 +53,7 @@ _SECTIONS = ("warmup", "reward", "rl")  # config sections that train
 
 def _write_json(path: str, value: Any) -> None:
     if shd.is_main_process():
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(value, f, indent=2, default=float)
+        atomic_files.write_json(path, value, indent=2, default=float)
 
 
 class Run:

@@ -62,6 +62,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.tokenizer = ml_collections.ConfigDict({"kind": "subword", "vocab_size": 1024, "path": "",
                                              "split_punctuation": False})
     # `preset` names the architecture; `checkpoint` (a transformers T5 directory or hub name) imports weights.
+    # `param_dtype` "checkpoint" keeps the imported checkpoint's own dtype (bfloat16 stays bfloat16).
     # `family` "decoder" makes every model of the run a decoder-only LM (`models.decoder`: presets gpt2-tiny,
     # llama-tiny, gpt2, qwen2.5-0.5b; a checkpoint is a transformers GPT-2 / Llama / Qwen2 / Mistral directory).
     # `pack`: a decoder-only LM trains on rows packed with several (prompt, target) pairs, each attending only to
@@ -201,8 +202,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
     need(c.model.preset in presets, "model.preset",
          f"unknown preset {c.model.preset!r} for family {family!r}; use one of {sorted(presets)}")
     need(0.0 <= c.model.dropout_rate < 1.0, "model.dropout_rate", "must be in [0, 1)")
-    for name in ("dtype", "param_dtype"):
-        need(c.model[name] in _DTYPES, f"model.{name}", f"{c.model[name]!r} is not a dtype; use one of {_DTYPES}")
+    need(c.model.dtype in _DTYPES, "model.dtype", f"{c.model.dtype!r} is not a dtype; use one of {_DTYPES}")
+    if c.model.param_dtype == "checkpoint":
+        need(bool(c.model.checkpoint), "model.param_dtype",
+             "'checkpoint' keeps an imported checkpoint's dtype, but model.checkpoint is empty; name one or use "
+             f"one of {_DTYPES}")
+    else:
+        need(c.model.param_dtype in _DTYPES, "model.param_dtype",
+             f"{c.model.param_dtype!r} is not a dtype; use one of {_DTYPES}, or 'checkpoint' with model.checkpoint")
     for name in ("input", "target", "refine_input", "critic_input", "feedback"):
         need(int(c.lengths[name]) > 0, f"lengths.{name}", "must be a positive number of tokens")
     for stage_name in ("critic", "warmup", "refiner", "reward", "rl"):

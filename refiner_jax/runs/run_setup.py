@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import ml_collections
 
+from refiner_jax import atomic_files
 from refiner_jax import sharding as shd
 from refiner_jax.models.decoder_config import DecoderConfig
 from refiner_jax.models.language_model import load_checkpoint, preset_config
@@ -59,8 +60,8 @@ def _save_workdir_config(workdir: str, config: ml_collections.ConfigDict) -> Non
     """Records the config once the run's setup succeeded (a setup error leaves the workdir free to fix it)."""
     shd.sync_processes("config checked")  # every process has read the old file before process 0 replaces it
     if shd.is_main_process():
-        with open(os.path.join(workdir, config_lib.CONFIG_FILE), "w", encoding="utf-8") as f:
-            json.dump(json.loads(config.to_json()), f, indent=2)
+        atomic_files.write_json(os.path.join(workdir, config_lib.CONFIG_FILE), json.loads(config.to_json()),
+                                indent=2)
 
 
 def load_splits(task: Task, config) -> dict[str, list[Example]]:
@@ -152,7 +153,15 @@ def setup(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ..
     # local paths recorded absolute, so evaluation and the tools find the data from any directory
     config.task.data_dir = data_sources.recorded(config.task.data_dir)
     os.makedirs(workdir, exist_ok=True)
-    lock = run_lock.acquire(workdir) if shd.is_main_process() else None
+    lock, refusal = None, None
+    if shd.is_main_process():
+        try:
+            lock = run_lock.acquire(workdir)
+        except run_lock.WorkdirLockedError as e:
+            refusal = e
+    if not shd.all_processes_ok(refusal is None):  # every process stops when process 0 is refused
+        raise refusal or run_lock.WorkdirLockedError(
+            f"{workdir}: process 0 could not lock this workdir; its message names the run that holds it")
     try:
         return _prepare(config, workdir, sections, lock)
     except BaseException:

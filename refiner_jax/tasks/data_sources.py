@@ -95,10 +95,11 @@ def reads_own_files(text: str, own_files: Iterable[str]) -> bool:
     return not (_data_files(source.path) or _data_files(os.path.join(source.path, "data")))
 
 
-def split_rows(text: str, split: str) -> tuple[str, list[dict]]:
-    """(where the rows come from, for messages; the rows of `split` ("train", "test")) of source `text`."""
+def split_rows(text: str, split: str, exact: bool = False) -> tuple[str, list[dict]]:
+    """(where the rows come from, for messages; the rows of `split` ("train", "validation", "test")) of source
+    `text`; a test split falls back to a validation split unless `exact`."""
     source = parse(text)
-    names = SPLIT_NAMES.get(split, (split,))
+    names = (split,) if exact else SPLIT_NAMES.get(split, (split,))
     if source.kind == "hub" or source.config:
         splits = _load(text, source, source.path, name=source.config)
         name = next((n for n in names if n in splits), None)

@@ -5,6 +5,10 @@ task's own checks and conversions make the same `Example`s from either:
 - SVAMP / MAWPS / ASDiv-A: the SVAMP repository's masked columns (`Question`, `Numbers`, `Equation` in prefix over
   `numberK`, `Answer`), or SVAMP.json's (`Body`, `Question`, `Equation` in infix over literal numbers, `Answer`), as
   the hub's SVAMP copies hold it: the numbers of the text are masked in order and the equation rewritten over them;
+- Moral Stories: REFINER's actor records (`id`, `actor_input`, `actor_output`) or the dataset's own story fields
+  (`ID` or `guid`, `norm`, `situation`, `intention`, `moral_action`, `immoral_action`, as `demelin/moral_stories`
+  holds them), rendered into the actor layout;
+- sNLR: REFINER's `srn_*.json` records (`rules`, `fact`, `consequents`, ...), one per row;
 - step labels for process reward models: PRM800K (`question`, `label`), Math-Shepherd (`input` with a `ки` tag
   after each step, `label` with `+` or `-` in its place) and ProcessBench (`problem`, `steps`, `label` = the first
   wrong step or -1, `final_answer_correct`), as `tasks.prm800k.LabelledSolution`s.
@@ -26,6 +30,25 @@ _MAX_PARENTHESES = 100  # nesting of an infix equation (a bound on recursion, fa
 def gsm8k_record(row: dict) -> dict:
     """A GSM8K row as its JSON-lines record."""
     return {"question": row.get("question"), "answer": row.get("answer")}
+
+
+def moral_record(row: dict, where: str) -> dict:
+    """A Moral Stories row as an actor record: kept when it has `actor_input`, else rendered from the story fields
+    (`<|SIT|> situation <|INT|> intention <|I_ACT|> immoral action <|NRM|>` -> `norm <|M_ACT|> moral action`)."""
+    if "actor_input" in row:
+        return {k: row.get(k) for k in ("id", "actor_input", "actor_output")}
+    fields = ("norm", "situation", "intention", "moral_action", "immoral_action")
+    wrong = [k for k in fields if not isinstance(row.get(k), str) or not row[k].strip()]
+    if wrong:
+        raise DataError(f"{where}: field '{wrong[0]}' is missing or not a non-empty string; expected REFINER's "
+                        "actor fields (id, actor_input, actor_output) or Moral Stories' (ID, " + ", ".join(fields)
+                        + ")")
+    story = {k: " ".join(row[k].split()) for k in fields}
+    uid = row.get("ID", row.get("guid"))
+    return {"id": uid if isinstance(uid, str) else where,
+            "actor_input": f"<|SIT|> {story['situation']} <|INT|> {story['intention']} <|I_ACT|> "
+                           f"{story['immoral_action']} <|NRM|>",
+            "actor_output": f"{story['norm']} <|M_ACT|> {story['moral_action']}"}
 
 
 def _number_text(value) -> str:

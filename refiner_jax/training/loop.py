@@ -23,6 +23,7 @@ import jax
 import numpy as np
 import tqdm
 
+from refiner_jax import atomic_files
 from refiner_jax import checkpoint as ckpt_lib
 from refiner_jax import sharding as shd
 from refiner_jax.models.language_model import LanguageModel
@@ -219,7 +220,6 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | Decod
                            {"model_config": dataclasses.asdict(model_config), "family": lm.family, "step": best,
                             **spec.export_metadata})
     if shd.is_main_process():
-        with open(os.path.join(stage_dir, "DONE"), "w", encoding="utf-8") as f:
-            json.dump(final, f, indent=2)
+        atomic_files.write_json(os.path.join(stage_dir, "DONE"), final, indent=2)
     shd.sync_processes(f"{spec.name} done")
     return final

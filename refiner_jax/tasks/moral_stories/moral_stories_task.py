@@ -3,7 +3,10 @@
 Data: `actor_{dev,test}.json`, lists of `{"id", "actor_input", "actor_output"}` with `actor_input = "<|SIT|>
 situation <|INT|> intention <|I_ACT|> immoral action <|NRM|>"` and `actor_output = "norm <|M_ACT|> moral action"`.
 The training file of the original release is not available, so this task **trains on dev and tests on test**:
-`load("train")` is dev minus a seeded held-out slice of `val_size` stories, `load("val")` is that slice.
+`load("train")` is dev minus a seeded held-out slice of `val_size` stories, `load("val")` is that slice. Any other
+source (`data_sources`: data files named by split, `train=PATH,test=PATH`, a hub name such as
+`demelin/moral_stories:full`) gives its train split (less the same slice) and its test split, in REFINER's actor
+fields or the dataset's own story fields (`dataset_rows.moral_record`).
 
 - Example: `x` = actor input, `z` = the norm (the hypothesis the critic judges), `y` = the moral action. The
   generator's full target is `target(example)` = `"{norm} <|M_ACT|> {moral action}"`; `split_output` cuts a
@@ -24,7 +27,7 @@ import random
 import re
 from typing import Sequence
 
-from refiner_jax.tasks import text_metrics
+from refiner_jax.tasks import data_sources, dataset_rows, text_metrics
 from refiner_jax.tasks.base import NO_HINT, DataError, Example, Feedback, StepError, raise_problems, shared_data_dir
 from refiner_jax.tasks.moral_stories.norms import (ParsedNorm, _clean, _strip_end, action_overlap, content_stems,
                                                    parse_norm, render_norm)
@@ -78,22 +81,43 @@ def read_actor_file(path: pathlib.Path) -> list[dict]:
     return records
 
 
-def _record_problem(path: pathlib.Path, i: int, rec) -> str | None:
-    """What is wrong with record `i` of an actor file, or None."""
+def _record_problem(path, i: int | None, rec) -> str | None:
+    """What is wrong with record `i` of an actor file (`i` None: `path` names the record), or None."""
+    where = f"{path}" if i is None else f"{path}: record {i}"
     if not isinstance(rec, dict):
-        return (f"{path}: record {i}: a JSON {type(rec).__name__}; expected an object with 'id', 'actor_input', "
+        return (f"{where}: a JSON {type(rec).__name__}; expected an object with 'id', 'actor_input', "
                 "'actor_output'")
     wrong = [k for k in ("id", "actor_input", "actor_output") if not isinstance(rec.get(k), str)]
     if wrong:
-        return (f"{path}: record {i}: field '{wrong[0]}' is not a string; expected string fields 'id', "
+        return (f"{where}: field '{wrong[0]}' is not a string; expected string fields 'id', "
                 "'actor_input', 'actor_output'")
     if parse_input(rec["actor_input"]) is None:
-        return (f"{path}: record {i} ({rec['id']!r}): 'actor_input' must read "
+        return (f"{where} ({rec['id']!r}): 'actor_input' must read "
                 "'<|SIT|> ... <|INT|> ... <|I_ACT|> ... <|NRM|>'")
     if rec["actor_output"].count(M_ACT) != 1 or not all(split_output(rec["actor_output"])):
-        return f"{path}: record {i} ({rec['id']!r}): 'actor_output' must read 'norm <|M_ACT|> action'"
+        return f"{where} ({rec['id']!r}): 'actor_output' must read 'norm <|M_ACT|> action'"
     return None
 
+
+def _dataset_records(source: str, split: str) -> tuple[str, list[dict]]:
+    """(where, actor records) of `split` of data files or a hub dataset (`data_sources`), each row checked like a
+    record of REFINER's files."""
+    where, rows = data_sources.split_rows(source, split)
+    records, problems = [], []
+    for i, row in enumerate(rows):
+        try:
+            record = dataset_rows.moral_record(row, f"{where}: row {i + 1}")
+        except DataError as e:
+            problems.append(str(e))
+            continue
+        problem = _record_problem(f"{where}: row {i + 1}", None, record)
+        if problem:
+            problems.append(problem)
+        records.append(record)
+    raise_problems(problems, where)
+    if not records:
+        raise DataError(f"{where}: no records; expected Moral Stories rows")
+    return where, records
 
 class MoralStoriesTask:
     """Moral Stories norms with the parser, oracle and perturbations described in the module docstring."""
@@ -121,12 +145,16 @@ class MoralStoriesTask:
             raise ValueError(f"unknown split {split!r}; choose one of {sorted(SPLIT_FILES)}")
         if kwargs:
             raise TypeError(f"unexpected options {sorted(kwargs)}; set val_size/seed on the task")
-        path = pathlib.Path(data_dir or self.data_dir or default_data_dir()) / SPLIT_FILES[split]
-        records = read_actor_file(path)
+        root = str(data_dir or self.data_dir or default_data_dir())
+        if data_sources.reads_own_files(root, set(SPLIT_FILES.values())):
+            where = pathlib.Path(root) / SPLIT_FILES[split]
+            records = read_actor_file(where)
+        else:
+            where, records = _dataset_records(root, "test" if split == "test" else "train")
         indices = list(range(len(records)))
         if split in ("train", "val"):
             if self.val_size >= len(records):
-                raise DataError(f"{path}: {len(records)} stories cannot spare val_size={self.val_size}")
+                raise DataError(f"{where}: {len(records)} stories cannot spare val_size={self.val_size}")
             held_out = set(random.Random(self.seed).sample(indices, self.val_size))
             indices = sorted(held_out) if split == "val" else [i for i in indices if i not in held_out]
         return [self._example(records[i]) for i in indices]

@@ -14,6 +14,7 @@ import os
 import random
 from typing import Any, Mapping, Sequence
 
+from refiner_jax.tasks import data_sources
 from refiner_jax.tasks.base import DataError, Example, Feedback, raise_problems
 from refiner_jax.tasks.snlr.chain_oracle import ERROR_KINDS, feedback_from_errors, oracle_errors, read_statement
 from refiner_jax.tasks.snlr.chains import (CHAIN_STYLES, Step, build_chain, build_steps, fired_applications, serialize,
@@ -70,7 +71,8 @@ class SNLRTask:
         return Example(uid=uid, x=render_x(record["rules"], record["fact"], meta), z=z, y=render_y(meta), meta=meta)
 
     def load(self, split: str, data_dir: str | None = None, **kwargs) -> list[Example]:
-        """Generated examples (`data_dir=None`) or those of `<data_dir>/srn_<split>.json` (REFINER's layout)."""
+        """Generated examples (`data_dir=None`), those of `<data_dir>/srn_<split>.json` (REFINER's layout), or of
+        any other source `data_sources` reads (data files named by split, `train=PATH,...`, a hub name)."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         if kwargs:
@@ -81,6 +83,8 @@ class SNLRTask:
             start = sum(self.sizes[s] for s in SPLITS[:SPLITS.index(split)])
             records = self._generated[start:start + self.sizes[split]]
             return [self.example_from_record(r, f"snlr-seed{self.seed}-{split}-{i}") for i, r in enumerate(records)]
+        if not data_sources.reads_own_files(data_dir, {f"srn_{s}.json" for s in SPLITS}):
+            return self._dataset_examples(data_dir, split)
         path = os.path.join(data_dir, f"srn_{split}.json")
         expected = f"a JSON list of records with keys {list(REQUIRED_KEYS)} (REFINER's data/srn/srn_{split}.json)"
         try:
@@ -93,13 +97,25 @@ class SNLRTask:
         if not isinstance(records, list) or not records:
             raise DataError(f"{path}: expected {expected}, got "
                             f"{'an empty list' if records == [] else type(records).__name__}")
+        return self._checked_examples(records, split, path, lambda i: f"{path}: record {i}")
+
+    def _dataset_examples(self, source: str, split: str) -> list[Example]:
+        """Examples of `split` of data files or a hub dataset (`data_sources`) whose rows are `srn_*.json` records
+        (its `val` split is the source's validation split)."""
+        where, rows = data_sources.split_rows(source, "validation" if split == "val" else split, exact=True)
+        if not rows:
+            raise DataError(f"{where}: no records; expected rows with keys {list(REQUIRED_KEYS)}")
+        return self._checked_examples(rows, split, where, lambda i: f"{where}: row {i + 1}")
+
+    def _checked_examples(self, records: Sequence, split: str, where: str, name) -> list[Example]:
+        """The examples of `records`, or one `DataError` listing every bad record (`name(i)` names record i)."""
         examples, problems = [], []
         for i, record in enumerate(records):
             try:
-                examples.append(self.example_from_record(record, f"snlr-{split}-{i}", f"{path}: record {i}"))
+                examples.append(self.example_from_record(record, f"snlr-{split}-{i}", name(i)))
             except DataError as e:
                 problems.append(str(e))
-        raise_problems(problems, path)
+        raise_problems(problems, where)
         return examples
 
     # ---- critic
