@@ -41,9 +41,10 @@ setup(
     extras_require={
         # torch, rouge-score and sacrebleu are only reference implementations for parity tests and benchmarks.
         # torch 2.13.0 is a CPU wheel on 3.11 only; on 3.12+ it is a multi-GB CUDA download, so there the
-        # transformers-parity tests skip (tests/_torch.py) and the 3.11 run is the one that checks them.
+        # transformers-parity tests skip (tests/_helpers.import_torch) and the 3.11 run is the one that checks them.
         "test": [
             "pytest>=8",
+            "pytest-xdist>=3.5",
             "hypothesis>=6.100",
             f"torch==2.13.0; {PY311}",
             "rouge-score==0.1.2",
