@@ -328,6 +328,21 @@ def test_extra_problems_feed_every_model_and_the_matched_generator_gets_their_st
     assert len(pairs) == 16 and all(t and x not in splits for x, t in pairs[8:])  # the extra problems, unseen
 
 
+def test_extra_problems_without_a_generator_stop_before_anything_is_recorded(tmp_path, shared_data):
+    """SVAMP read from its files has no problem generator: asking for extra problems is a config error raised
+    before the workdir records a config, so the same workdir then runs with the field fixed."""
+    c = tiny_config()
+    c.task.options = {"lowercase": True}
+    c.task.data_dir = str(shared_data / "svamp" / "mawps-asdiv-a_svamp")
+    c.task.extra_problems = 5
+    workdir = tmp_path / "run"
+    with pytest.raises(config_lib.ConfigError, match=r"config.task.extra_problems: 5 .* task.data_dir has no problem"):
+        refiner_run.run(c, str(workdir), stages=("warmup",))
+    assert not (workdir / config_lib.CONFIG_FILE).exists()
+    c.task.extra_problems, c.warmup.steps = 0, 2
+    refiner_run.run(c, str(workdir), stages=("warmup",))
+    assert (workdir / "warmup" / "DONE").exists()
+
 def test_a_workdir_whose_critic_alone_had_extra_problems_loads_but_does_not_resume(tmp_path):
     old = json.loads(tiny_config().to_json())
     old["critic"]["fresh_problems"] = 60000

@@ -10,7 +10,7 @@ from refiner_jax.reward import batches as reward_batches, labels as reward_label
 from refiner_jax.tasks import mwp
 from refiner_jax.tasks.base import DataError
 from refiner_jax.runs import run_config as config_lib
-from refiner_jax.runs import reward_run
+from refiner_jax.runs import reward_run, run_setup
 
 
 def tiny_config():
@@ -147,9 +147,11 @@ def test_expert_iteration_keeps_what_the_final_answer_reward_accepts(tmp_path):
 
 def test_extra_problems_need_a_problem_generator():
     task = mwp.MWPTask()
-    assert reward_run.extra_problems(task, 0, "/a/csv/folder") == []
+    assert run_setup.generated_problems(task, 3, 0, "/a/csv/folder") == ([], [])
     with pytest.raises(config_lib.ConfigError, match=r"config.task.extra_problems: 5 .* task.data_dir has no problem"):
-        reward_run.extra_problems(task, 5, "/a/csv/folder")  # a dataset read from files: no generator
+        run_setup.generated_problems(task, 0, 5, "/a/csv/folder")  # a dataset read from files: no generator
+    held, extra = run_setup.generated_problems(task, 3, 2, None)
+    assert (held + extra) == task.fresh_problems(5) and len(extra) == 2  # held-out first, then the extra ones
 
 
 def test_mixed_problems_keeps_the_problems_with_right_and_wrong_samples():

@@ -34,8 +34,8 @@ STAGES = ("warmup", "critic", "refiner", "matched", "eval")
 def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...] = STAGES) -> dict:
     """Runs (or resumes) the requested stages; returns {stage: final metrics}."""
     _check_warmup_first(config, workdir, stages)
-    job = _Job(config, workdir, stages, setup(config, workdir, stages, STAGES, ("critic", "warmup", "refiner")))
-    job.check_extra_problems()
+    job = _Job(config, workdir, stages, setup(config, workdir, stages, STAGES, ("critic", "warmup", "refiner"),
+                                              held_out=config.critic.calibration_examples))
     # stage, what it trains, the parameters it starts from (a checkpoint's, or None: fresh)
     for name, spec, init in (("warmup", job.warmup_spec, job.pretrained),
                              ("critic", job.critic_spec, job.pretrained),
@@ -69,8 +69,8 @@ class _Job:
         self.config, self.workdir, self.stages, self.s = config, workdir, stages, s
         self.task, self.lengths = s.task, config.lengths
         self.val = s.splits["val"]
-        self.held_out, extra = self.generated_problems()
-        self.train_set = s.splits["train"] + extra  # every model's training problems
+        self.held_out = s.held_out  # calibration problems no stage sees (`calibration_problems`)
+        self.train_set = s.splits["train"] + s.extra  # every model's training problems
         self.results: dict[str, Any] = {}
         self.timings: dict[str, float] = {}
 
@@ -158,21 +158,6 @@ class _Job:
         return StageSpec("matched", stage, len(self.train_set), pairs,
                          self.generator_eval(self.val[:config.warmup.eval_examples]), self.task.primary_metric,
                          lengths.refine_input if fraction > 0 else lengths.input, lengths.target)
-
-    def generated_problems(self) -> tuple[list[Example], list[Example]]:
-        """(calibration, extra training) problems from the task's generator, no split's: the first
-        `critic.calibration_examples`, then `task.extra_problems`; ([], []) for a task that reads a dataset."""
-        fresh = getattr(self.task, "fresh_problems", None)
-        count = self.config.critic.calibration_examples
-        problems = fresh(count + self.config.task.extra_problems, self.config.task.data_dir or None) if fresh else []
-        return problems[:count], problems[count:]
-
-    def check_extra_problems(self) -> None:
-        extra = self.config.task.extra_problems
-        if len(self.train_set) - len(self.s.splits["train"]) < extra:
-            raise config_lib.ConfigError(
-                f"config.task.extra_problems: {extra}, but task {self.task.name!r} with its data_dir generates no "
-                "problems; set it to 0")
 
     def calibration_problems(self) -> list[Example]:
         """Problems no stage trained on or chose a checkpoint by: fresh ones, else the validation problems past

@@ -65,7 +65,7 @@ class Run:
         self.task: Task = self.s.task
         self.lengths = config.lengths
         train, val, test = (self.s.splits[k] for k in ("train", "val", "test"))
-        self.extra = extra_problems(self.task, config.task.extra_problems, config.task.data_dir or None)
+        self.extra = self.s.extra
         self.policy_train = list(train) + self.extra  # the SFT policy's problems
         self.train = list(train[:config.reward.train_problems]) + self.extra  # the reward models'
         self.val = val[:config.reward.val_problems]
@@ -340,19 +340,6 @@ class Run:
             results_lib.write_reward_results(self.workdir, task.name, table, quality, curves)
         _write_json(os.path.join(self.workdir, "results.json"), results)
         return results
-
-
-def extra_problems(task: Task, count: int, data_dir: str | None) -> list[Example]:
-    """`count` problems of the task's generator that no split holds (`task.extra_problems`)."""
-    if count == 0:
-        return []
-    fresh = getattr(task, "fresh_problems", None)
-    problems = fresh(count, data_dir) if fresh is not None else []
-    if len(problems) < count:
-        raise config_lib.ConfigError(
-            f"config.task.extra_problems: {count} generated problems asked for, but task {task.name!r} "
-            f"{'with task.data_dir ' if data_dir else ''}has no problem generator; set it to 0")
-    return problems
 
 
 def mixed_problems(data: Sequence[reward_labels.LabelledSolution], k: int) -> list[reward_labels.LabelledSolution]:

@@ -69,6 +69,19 @@ def load_splits(task: Task, config) -> dict[str, list[Example]]:
     return {split: task.load(split, data_dir) for split in ("train", "val", "test")}
 
 
+def generated_problems(task: Task, count: int, extra: int, data_dir: str | None) -> tuple[list[Example], list[Example]]:
+    """(`count` held-out, `extra` training) problems of the task's generator, which no split holds, in that order
+    (the same problems for the same arguments); ([], []) for a task that reads a dataset when `extra` is 0. Extra
+    problems asked of a task with no generator (`task.extra_problems`) are a config error."""
+    fresh = getattr(task, "fresh_problems", None)
+    problems = fresh(count + extra, data_dir) if fresh is not None and count + extra else []
+    if extra and len(problems) < count + extra:
+        raise config_lib.ConfigError(
+            f"config.task.extra_problems: {extra} generated problems asked for, but task {task.name!r} "
+            f"{'with task.data_dir ' if data_dir else ''}has no problem generator; set it to 0")
+    return problems[:count], problems[count:]
+
+
 def build_tokenizer(config, task: Task, train: list[Example], workdir: str, reuse: bool = True) -> Tokenizer:
     """The run's tokenizer: reloaded from the workdir if saved there (and `reuse`), else made by process 0 and
     saved there."""
@@ -122,6 +135,8 @@ class Setup:
 
     task: Task
     splits: dict[str, list[Example]]
+    held_out: list[Example]  # generated problems no stage trains or selects on (`generated_problems`)
+    extra: list[Example]  # generated problems every model of the run trains on besides splits["train"]
     tokenizer: Tokenizer
     model_config: T5Config | DecoderConfig
     pretrained: Any  # imported checkpoint parameters, or None
@@ -139,10 +154,10 @@ class Setup:
 
 
 def setup(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...], known: tuple[str, ...],
-          sections: tuple[str, ...]) -> Setup:
+          sections: tuple[str, ...], held_out: int = 0) -> Setup:
     """Checks the config, the requested `stages` (of `known`) and the workdir, locks the workdir, then loads the
-    data, the tokenizer and the model config and records the config. `sections` are the config's training stages
-    (batch checks)."""
+    data (with `held_out` and `task.extra_problems` generated problems), the tokenizer and the model config and
+    records the config. `sections` are the config's training stages (batch checks)."""
     config_lib.validate(config)
     if "://" in workdir:
         raise config_lib.ConfigError(f"--workdir {workdir} is a URL; use a filesystem path (mount a bucket with "
@@ -163,18 +178,19 @@ def setup(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ..
         raise refusal or run_lock.WorkdirLockedError(
             f"{workdir}: process 0 could not lock this workdir; its message names the run that holds it")
     try:
-        return _prepare(config, workdir, sections, lock)
+        return _prepare(config, workdir, sections, held_out, lock)
     except BaseException:
         if lock is not None:
             lock.release()
         raise
 
 
-def _prepare(config: ml_collections.ConfigDict, workdir: str, sections: tuple[str, ...],
+def _prepare(config: ml_collections.ConfigDict, workdir: str, sections: tuple[str, ...], held_out: int,
              lock: run_lock.WorkdirLock | None) -> Setup:
     recorded = _check_workdir_config(workdir, config)
     task = get_task(config.task.name, **dict(config.task.options))
     splits = load_splits(task, config)
+    held, extra = generated_problems(task, held_out, config.task.extra_problems, config.task.data_dir or None)
     if shd.is_main_process():
         print(f"[data] {task.name}: " + ", ".join(f"{k} {len(v)}" for k, v in splits.items()))
     # A tokenizer left by a setup that failed before its config was recorded may be stale: made again.
@@ -194,4 +210,4 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str, sections: tuple[st
                   seed=config.seed, checkpoint_every=config.checkpoint.every, keep=config.checkpoint.keep,
                   log=log, log_every=config.log_every, pack=config.model.pack,
                   max_nonfinite_skips=config.max_nonfinite_skips)
-    return Setup(task, splits, tokenizer, model_config, pretrained, mesh, rules, log, common, lock)
+    return Setup(task, splits, held, extra, tokenizer, model_config, pretrained, mesh, rules, log, common, lock)
