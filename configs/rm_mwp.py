@@ -4,6 +4,9 @@
                                       default job's model) and reward models; runs on a CPU
   --config=configs/rm_mwp.py:t5       the same with t5-tiny
   --config=configs/rm_mwp.py:small    t5-small, more samples and steps (an accelerator recommended)
+  --config=configs/rm_mwp.py:trace    the default on the trace-error variant of the generator: every problem whose
+                                      numbers allow it gets values under which a wrong step reaches the right answer
+                                      (`tasks/mwp/coincidences.py`), so right answers hide wrong steps as on GSM8K
 
 The PRM's labels come from the task's step checker (each `#k` step must compute a distinct subexpression of the gold
 formula); `--config.reward.labels_file=PATH.jsonl` trains it on PRM800K-style human step labels instead.
@@ -28,10 +31,15 @@ def get_config(arg: str | None = None):
     config.checkpoint.every = 400
     config.rl.eval_every = config.rl.steps
     variant = arg or "default"
-    if variant == "default":
+    if variant in ("default", "trace"):
         config.model.family = "decoder"
         config.model.preset = "llama-mini"
-    elif variant == "t5":
+    if variant == "trace":
+        # "unit" (x 1 and / 1 agree) is left out: the policy almost never confuses multiply and divide, so it adds
+        # no trace errors (docs/reward_models.md).
+        config.task.options = {"trace_rate": 1.0, "trace_kinds": ("distractor", "intermediate", "two_two")}
+        config.reward.labels = "rollouts"  # a second PRM on Math-Shepherd rollout labels, beside the checker's
+    elif variant in ("default", "t5"):
         pass
     elif variant == "small":
         config.model.preset = "t5-small"
@@ -42,5 +50,5 @@ def get_config(arg: str | None = None):
         config.rl.samples = 16
         config.rl.steps = 1000
     else:
-        raise ValueError(f"unknown variant {variant!r} for rm_mwp.py; use one of: default, t5, small")
+        raise ValueError(f"unknown variant {variant!r} for rm_mwp.py; use one of: default, trace, t5, small")
     return config

@@ -52,16 +52,20 @@ class TextModel:
             self.params = sampling.replicate(self.params, self.mesh)  # once, not once per batch
 
     def generate(self, texts: Sequence[str], *, num_samples: int = 1, top_p: float = 1.0, temperature: float = 0.0,
-                 rng: jax.Array | None = None) -> list[list[str]]:
-        """`num_samples` continuations per text (greedy when temperature is 0), `[len(texts)][num_samples]`."""
+                 rng: jax.Array | None = None, prefixes: Sequence[str] | None = None) -> list[list[str]]:
+        """`num_samples` continuations per text (greedy when temperature is 0), `[len(texts)][num_samples]`. With
+        `prefixes`, each output starts with its text's prefix, kept token for token (its tokens are forced, not
+        drawn), and the model writes the rest: the outputs are the whole targets, prefix included."""
         return self.generate_with_log_probs(texts, num_samples=num_samples, top_p=top_p, temperature=temperature,
-                                            rng=rng)[0]
+                                            rng=rng, prefixes=prefixes)[0]
 
     def generate_with_log_probs(self, texts: Sequence[str], *, num_samples: int = 1, top_p: float = 1.0,
-                                temperature: float = 0.0, rng: jax.Array | None = None
-                                ) -> tuple[list[list[str]], np.ndarray]:
+                                temperature: float = 0.0, rng: jax.Array | None = None,
+                                prefixes: Sequence[str] | None = None) -> tuple[list[list[str]], np.ndarray]:
         """`generate`'s texts and each one's model log-probability (unscaled by temperature, end token included
-        when it was produced), `[len(texts), num_samples]`."""
+        when it was produced; with `prefixes`, of the generated part only), `[len(texts), num_samples]`."""
+        if prefixes is not None and len(prefixes) != len(texts):
+            raise ValueError(f"{len(prefixes)} prefixes for {len(texts)} texts; give one per text")
         rng = jax.random.key(0) if rng is None else rng
         out: list[list[str]] = []
         log_probs = []
@@ -71,10 +75,19 @@ class TextModel:
             chunk = list(texts[start:start + self.batch_size])
             rows = chunk + [""] * (padded - len(chunk))
             prompts = self.tokenizer.encode_batch(rows, self.max_input, pad_to=self.bucket)
+            forced = None
+            if prefixes is not None:  # [batch, L] prefix ids without EOS, the same bucket rounding
+                forced = self.tokenizer.encode_batch(list(prefixes[start:start + self.batch_size])
+                                                     + [""] * (padded - len(chunk)), self.max_output,
+                                                     pad_to=self.bucket, add_eos=False)
             result = LanguageModel(self.config).sample(
                 self.params, prompts, jax.random.fold_in(rng, start), num_samples=num_samples,
-                max_new_tokens=self.max_output, temperature=temperature, top_p=top_p, mesh=self.mesh)
+                max_new_tokens=self.max_output, temperature=temperature, top_p=top_p, mesh=self.mesh,
+                target_prefix=forced)
             tokens = _to_host(result.tokens)  # [batch, k, len]
+            if forced is not None:  # decode prefix and continuation together (`decode` skips the pads between)
+                tokens = np.concatenate([np.broadcast_to(forced[:, None], (*tokens.shape[:2], forced.shape[1])),
+                                         tokens], axis=2)
             for i in range(len(chunk)):
                 out.append(self.tokenizer.decode_batch(tokens[i]))
             log_probs.append(_to_host(result.log_prob)[:len(chunk)])  # [batch, k]

@@ -192,3 +192,41 @@ def test_run_config_param_dtype_checkpoint_keeps_a_bfloat16_checkpoint(tmp_path)
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a, np.float32), b), kept, float32)
     rounded = jax.tree.map(lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32), params)
     jax.tree.map(np.testing.assert_array_equal, float32, rounded)
+
+
+def _t5():
+    tok = ByteTokenizer()
+    config = t5_preset("t5-tiny", vocab_size=384, num_layers=2, dropout_rate=0.0)
+    lm = LanguageModel(config)
+    params = meta.unbox(lm.module().init(jax.random.key(4), *lm.init_args())["params"])
+    return tok, lm, params
+
+
+@pytest.mark.parametrize("make", [_decoder, _t5], ids=["decoder", "t5"])
+def test_a_forced_target_prefix_continues_as_the_model_would(make):
+    """Forcing the first j tokens of the model's own greedy output (a different j per row: right-padded prefixes)
+    leaves the rest of that greedy output unchanged: the prefix is read, not drawn, and the samples are what follows
+    it. Through `TextModel`, every output starts with its prefix's text."""
+    tok, lm, params = make()
+    prompt_ids = [tok.encode(p) for p in ("12 + 7", "abc", "a longer prompt")]
+    prompts = np.zeros((3, 16), np.int32)
+    for i, p in enumerate(prompt_ids):
+        prompts[i, :len(p)] = p
+    greedy = dict(num_samples=1, temperature=0.0, top_p=1.0)
+    full = np.asarray(lm.sample(params, prompts, jax.random.key(0), max_new_tokens=10, **greedy).tokens)[:, 0]
+    cut = [1, 3, 2]
+    forced = np.zeros((3, 4), np.int32)
+    for i, j in enumerate(cut):
+        assert tok.eos_id not in full[i, :j].tolist()
+        forced[i, :j] = full[i, :j]
+    rest = np.asarray(lm.sample(params, prompts, jax.random.key(0), max_new_tokens=10 - min(cut), target_prefix=forced,
+                                **greedy).tokens)[:, 0]
+    for i, j in enumerate(cut):
+        np.testing.assert_array_equal(rest[i, :10 - j], full[i, j:], err_msg=f"row {i}, prefix of {j} tokens")
+    model = TextModel(lm.config, params, tok, max_input=16, max_output=40, bucket=16, batch_size=2)
+    prefixes = ["#0: add ( number0, number1 )", "", "#0: x"]
+    out = model.generate(["12 + 7", "abc", "q"], num_samples=2, temperature=1.0, rng=jax.random.key(1),
+                         prefixes=prefixes)
+    assert all(text.startswith(p) for p, texts in zip(prefixes, out) for text in texts)
+    with pytest.raises(ValueError, match="2 prefixes for 3 texts"):
+        model.generate(["a", "b", "c"], prefixes=["x", "y"])

@@ -266,8 +266,20 @@ def test_paired_deltas_against_a_second_baseline_hand_worked():
     assert table.deltas["b"]["mean"] == pytest.approx(0.25)  # the first block is unchanged: against a
     header = results.markdown_table(table).splitlines()[0]
     assert header.endswith("| Δ final-answer error vs a, paired | Δ final-answer error vs b, paired |")
-    with pytest.raises(ValueError, match=r"baselines \['d'\] are not rules"):
+    with pytest.raises(ValueError, match=r"\['d'\], named as baselines or trace pairs, are not rules"):
         rerank.results_table(outcomes, samples=10, more_baselines=("d",))
+
+
+def test_paired_trace_error_deltas_hand_worked():
+    # Rule a: trace error 3/15 (`_rule_a`). Rule clean: the same answers with every step right -> 0, so a - clean is
+    # +0.2 and never below 0 on a resampled set (a's wrong steps only add).
+    a = _rule_a()
+    clean = rerank.Outcome(a.correct, a.confidence, np.ones(20, bool))
+    table = rerank.results_table({"a": a, "clean": clean}, samples=300, seed=2, trace_pairs=[("a", "clean")])
+    delta = table.trace_deltas["a - clean"]
+    assert delta["mean"] == pytest.approx(0.2) and delta["low"] >= 0.0 and delta["high"] > delta["low"]
+    with pytest.raises(ValueError, match=r"\['e'\], named as baselines or trace pairs"):
+        rerank.results_table({"a": a, "clean": clean}, samples=10, trace_pairs=[("a", "e")])
 
 
 def test_markdown_table():

@@ -184,6 +184,38 @@ def test_likelihood_term_is_the_lms_log_probability_of_the_solution_so_far(famil
         check_close(f"{family} likelihood term", abs(gain[0, i] - 0.7 * expect), ulps=REORDER, scale=abs(0.7 * expect))
 
 
+@pytest.mark.parametrize("family", ["t5", "decoder"])
+def test_policy_step_log_probs_are_the_lms_log_probability_of_each_step(family):
+    """`scorer.policy_step_log_probs`, the policy as a step verifier: each step's sum of log p(token | everything
+    before it), summed here token by token from the plain LM's logits."""
+    tok = ByteTokenizer()
+    task = mwp.MWPTask()
+    lm = _tiny_lm(family)
+    solution = reward_labels.labelled("orm", task, example(), WRONG_STEP_1)
+    batch = _batch_of(family, tok, [solution])
+    params = _init(RewardModel(lm, "token", (0, 0)), family, batch)["lm"]
+    got = reward_scorer.policy_step_log_probs(params, lm.config, tok, task, 40, 112, 4, [solution.prompt],
+                                              [solution.text])[0]
+    prompt = tok.encode(solution.prompt)
+    ids, last = reward_batches.encode_solution(tok, solution.text, solution.steps)
+    if family == "t5":
+        logits = lm.apply({"params": params}, batch["inputs"], shift_right(batch["targets"]))[0]
+        at = list(range(len(ids)))
+    else:
+        logits = lm.apply({"params": params}, batch["tokens"], attention_mask=batch["mask"])[0]
+        at = [len(prompt) + j - 1 for j in range(len(ids))]
+    logits = np.asarray(logits, np.float64)
+    top = logits.max(-1, keepdims=True)
+    log_probs = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+    starts = [0] + [end + 1 for end in last[:-1]]
+    assert len(got) == len(last) == 3
+    for i, (start, end) in enumerate(zip(starts, last)):
+        expect = sum(log_probs[at[j], ids[j]] for j in range(start, end + 1))
+        # Differences of running sums of log-probs: the running sum's magnitude bounds the rounding.
+        check_close(f"{family} step {i} log-prob", abs(got[i] - expect), ulps=REORDER,
+                    scale=abs(sum(log_probs[at[j], ids[j]] for j in range(end + 1))))
+
+
 def test_decoder_reference_rows_for_the_joint_lm_loss():
     """The decoder's reference targets are the gold solution's tokens after the prompt, each predicted from the
     position before it: the cross-entropy equals the one summed by hand from the LM's logits."""

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from refiner_jax.reward import batches as reward_batches, labels as reward_labels
-from refiner_jax.tasks import mwp
+from refiner_jax.tasks import mwp, step_label_files
 from refiner_jax.tasks.base import DataError
 from refiner_jax.runs import run_config as config_lib
 from refiner_jax.runs import reward_run, run_setup
@@ -37,9 +37,10 @@ def tiny_config():
 def test_reward_pipeline_end_to_end_and_resume(tmp_path, capsys):
     c = tiny_config()
     c.task.extra_problems = 8
+    c.reward.labels, c.reward.rollout_completions = "rollouts", 2
     workdir = str(tmp_path / "run")
     results = reward_run.run(c, workdir)
-    for stage in ("sft", "orm", "prm", "rl_orm_1", "rl_orm_2", "rl_prm_2", "eval"):
+    for stage in ("sft", "orm", "prm", "prm_rollouts", "rl_orm_1", "rl_orm_2", "rl_prm_2", "eval"):
         assert os.path.exists(os.path.join(workdir, stage, "DONE")), stage
     for kind in ("orm", "prm"):
         assert 0.0 <= results[kind]["paired_auroc"] <= 1.0 and 0.0 <= results[kind]["step_accuracy"] <= 1.0
@@ -51,7 +52,8 @@ def test_reward_pipeline_end_to_end_and_resume(tmp_path, capsys):
     assert list(table) == ["SFT greedy", "SFT majority vote (K=4)", matched,
                            "SFT majority vote (K=4), data-matched (the SFT policy)", "ORM rerank (K=4)",
                            "PRM rerank (K=4)", "ORM-weighted vote (K=4)", "PRM-weighted vote (K=4)",
-                           "SFT log-prob rerank (K=4)", "ORM-RL greedy", "PRM-RL greedy"]
+                           "SFT log-prob rerank (K=4)", "PRM (rollout labels) rerank (K=4)", "ORM-RL greedy",
+                           "PRM-RL greedy"]
     # The SFT policy trained on every problem the reward models learned from, so it is the matched baseline: the
     # same answers, and every rule's paired difference from it is the one from SFT greedy.
     assert table[matched] == table["SFT greedy"]
@@ -67,6 +69,29 @@ def test_reward_pipeline_end_to_end_and_resume(tmp_path, capsys):
     md = open(os.path.join(workdir, "results.md")).read()
     assert "| PRM rerank (K=4) |" in md and "Error at 30% abstention" in md
     assert os.path.getsize(os.path.join(workdir, "abstention.png")) > 1000
+    # Trace errors are compared in pairs, and every step verifier is scored on the first wrong step of the same
+    # test samples, which are saved in ProcessBench's layout with their gold from the task's step checker.
+    assert {"PRM rerank (K=4) - ORM rerank (K=4)", "PRM-RL greedy - ORM-RL greedy"} <= set(saved["trace_error_delta"])
+    assert set(saved["first_error"]) == {"orm", "prm", "policy_log_prob", "prm_rollouts"}
+    rollouts = saved["rollout_labels"]
+    assert rollouts["rollouts"] > 0 and rollouts["rollouts"] % 2 == 0 and rollouts["agreement"]["all"]["steps"] > 0
+    assert all(set(v) == {"f1", "acc_erroneous", "acc_correct"} for v in saved["first_error"].values())
+    assert "prm - orm" in saved["first_error_delta"] and "First-error F1" in md
+    cases = step_label_files.read_step_records(os.path.join(workdir, "eval", "first_error_cases.jsonl"))
+    predictions = json.load(open(os.path.join(workdir, "eval", "first_error_predictions.json")))
+    drawn = json.load(open(os.path.join(workdir, "samples", "sft_test.json")))["samples"]
+    task = mwp.MWPTask(**c.task.options)
+    test = {ex.uid: (ex, drawn[i]) for i, ex in enumerate(task.load("test"))}
+    assert len(cases) == len(predictions["gold"]) == sum(bool(task.split_steps(h)) for hs in drawn for h in hs)
+    for uid, gold, case in zip(predictions["uids"], predictions["gold"], cases):
+        problem, j = uid.rsplit("/", 1)
+        example, hs = test[problem]
+        labels = task.step_labels(example, hs[int(j)])
+        # The first step the checker rejects; a wrong answer after right steps is wrong at its last step.
+        want = labels.index(False) if False in labels else (
+            -1 if task.outcome_label(example, hs[int(j)]) else len(labels) - 1)
+        assert gold == case.first_error == want
+    assert all(len(v) == len(cases) for v in predictions["predictions"].values())
     # The 8 generated problems joined the 256 training problems of the SFT policy, and the first 24 of the reward
     # models and of expert iteration.
     sft, _ = reward_run.Run(c, workdir, ("sft",)).sft_spec()

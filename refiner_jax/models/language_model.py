@@ -160,6 +160,15 @@ def decoder_step_batch(tokenizer, rows: Sequence[tuple[list[int], list[int]]], s
     return batch
 
 
+def _joined(prompts: np.ndarray, suffixes: np.ndarray) -> np.ndarray:
+    """Right-padded rows of each prompt's tokens followed by its suffix's (pad id 0 in all three)."""
+    rows = [[t for t in p if t] + [t for t in f if t] for p, f in zip(prompts.tolist(), suffixes.tolist())]
+    out = np.zeros((len(rows), prompts.shape[1] + suffixes.shape[1]), np.int32)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = row
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class LanguageModel:
     """A T5 or decoder-only LM behind one interface (see the module docstring)."""
@@ -248,12 +257,17 @@ class LanguageModel:
         return logits[:, :-1], tokens[:, 1:], batch["weights"][:, 1:]
 
     def sample(self, params: Any, prompts: np.ndarray, rng: jax.Array, *, max_new_tokens: int, num_samples: int,
-               temperature: float, top_p: float, mesh=None) -> sampling.SampleOutput:
-        """Continuations `[b, num_samples, max_new_tokens]` of right-padded prompts [b, len] (pad id 0)."""
+               temperature: float, top_p: float, mesh=None, target_prefix: np.ndarray | None = None
+               ) -> sampling.SampleOutput:
+        """Continuations `[b, num_samples, max_new_tokens]` of right-padded prompts [b, len] (pad id 0). With
+        `target_prefix` [b, L] (right-padded ids, no EOS), each target starts with those tokens, forced, and the
+        samples are what follows them."""
         if self.family == "t5":
             return t5_sampling.sample_t5(params, prompts, rng, config=self.config, num_samples=num_samples,
                                          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                         mesh=mesh)
+                                         mesh=mesh, target_prefix=target_prefix)
+        if target_prefix is not None:  # the decoder reads prompt then target as one sequence: prefill both
+            prompts = _joined(np.asarray(prompts), np.asarray(target_prefix))
         return sample_decoder(params, prompts, rng, config=self.config, max_new_tokens=max_new_tokens,
                               num_samples=num_samples, temperature=temperature, top_p=top_p,
                               prompt_mask=prompts != 0, mesh=mesh)

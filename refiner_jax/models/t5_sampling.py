@@ -25,33 +25,38 @@ def _encode(params, encoder_tokens, *, config):
     return model.apply({"params": params}, encoded, method=T5.cross_kv)
 
 
-def _decode(params, cross_kv, encoder_tokens, rng, temperature, top_k, top_p, min_new_tokens, *, config, num_samples,
-            max_new_tokens, max_top_k, eos_id, row_chunks):
-    """`sample_t5`'s decode loop on the encoded prompts -> `[batch, num_samples, ...]` leaves."""
+def _decode(params, cross_kv, encoder_tokens, rng, temperature, top_k, top_p, min_new_tokens, decoder_prompt,
+            *, config, num_samples, max_new_tokens, max_top_k, eos_id, row_chunks):
+    """`sample_t5`'s decode loop on the encoded prompts -> `[batch, num_samples, ...]` leaves. `decoder_prompt`
+    [batch, P]: the start token, then each row's forced target prefix (right-padded with PAD_ID)."""
     model = T5(config)
     variables = {"params": params}
     encoder_mask = encoder_tokens != PAD_ID  # [batch, enc_len], per prompt: a prompt's samples share it
     output_kernel = model.apply(variables, method=T5.output_kernel)  # [d_model, vocab], once, outside the loop
+    forced = decoder_prompt.shape[1]
 
     def decode(args):
-        cross_kv, encoder_mask, key = args
+        cross_kv, encoder_mask, prompt, key = args
         n = encoder_mask.shape[0] * num_samples
+        prompt = jnp.repeat(prompt, num_samples, axis=0)  # [n, P]
+        lengths = 1 + jnp.sum(prompt[:, 1:] != PAD_ID, axis=1) if forced > 1 else None
 
         def tokens_to_logits(tokens, index, cache):
             return model.apply(variables, tokens, index, cache, cross_kv, encoder_mask, output_kernel,
                                method=T5.decode_step)
 
-        return sampling.sample(tokens_to_logits, T5.init_cache(config, n, max_new_tokens),
-                               jnp.full((n, 1), DECODER_START_ID, jnp.int32), key, max_new_tokens=max_new_tokens,
-                               temperature=temperature, top_k=top_k, top_p=top_p, min_new_tokens=min_new_tokens,
-                               eos_id=eos_id, pad_id=PAD_ID, max_top_k=max_top_k)
+        return sampling.sample(tokens_to_logits, T5.init_cache(config, n, forced - 1 + max_new_tokens), prompt, key,
+                               prompt_lengths=lengths, max_new_tokens=max_new_tokens, temperature=temperature,
+                               top_k=top_k, top_p=top_p, min_new_tokens=min_new_tokens, eos_id=eos_id, pad_id=PAD_ID,
+                               max_top_k=max_top_k)
 
     batch = encoder_mask.shape[0]
     if row_chunks == 1:
-        out = decode((cross_kv, encoder_mask, rng))
+        out = decode((cross_kv, encoder_mask, decoder_prompt, rng))
     else:  # one decode loop per group of prompts, run one after another
         out = jax.lax.map(decode, (jax.tree.map(lambda x: x.reshape(row_chunks, -1, *x.shape[1:]),
-                                                (cross_kv, encoder_mask)) + (jax.random.split(rng, row_chunks),)))
+                                                (cross_kv, encoder_mask, decoder_prompt))
+                                   + (jax.random.split(rng, row_chunks),)))
         out = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)  # [chunks, rows, ...] -> [batch * k, ...]
     return jax.tree.map(lambda x: x.reshape(batch, num_samples, *x.shape[1:]), out)
 
@@ -76,8 +81,8 @@ def _encode_split(mesh: Mesh, config):
 def _decode_split(mesh: Mesh, **static):
     """`_decode` on every device of `mesh`: each decodes its slice of the prompts in its own loop, with its own
     key, and no communication between devices."""
-    # (params, cross_kv, encoder_tokens, rng, temperature, top_k, top_p, min_new_tokens)
-    rows = (False, True, True, False, False, False, False, False)
+    # (params, cross_kv, encoder_tokens, rng, temperature, top_k, top_p, min_new_tokens, decoder_prompt)
+    rows = (False, True, True, False, False, False, False, False, True)
     return jax.jit(sampling.split_rows(functools.partial(_decode, **static), mesh, rows, rng_arg=3),
                    compiler_options=sampling.decode_options(mesh.devices.flat[0].platform))
 
@@ -116,7 +121,7 @@ def auto_row_chunks(config, batch: int, enc_len: int, num_samples: int, max_new_
 
 def sample_t5(params, encoder_tokens, rng, *, config, max_new_tokens: int, num_samples: int = 1, temperature=1.0,
               top_k=0, top_p=1.0, min_new_tokens=0, max_top_k: int = 64, eos_id: int = 1,
-              row_chunks: int | None = None, mesh: Mesh | None = None) -> sampling.SampleOutput:
+              row_chunks: int | None = None, mesh: Mesh | None = None, target_prefix=None) -> sampling.SampleOutput:
     """`num_samples` continuations per prompt from a T5 (jitted; returns `[batch, num_samples, ...]` leaves).
 
     Each prompt is encoded once and its cross-attention keys/values computed once, then shared by its samples;
@@ -141,9 +146,14 @@ def sample_t5(params, encoder_tokens, rng, *, config, max_new_tokens: int, num_s
         --xla_force_host_platform_device_count=<cores>`, set before JAX starts) run their loops in parallel: a
         decode step of a small model is many small operations, and two loops keep two cores busy where one splits
         each operation (t5-tiny on 2 cores: 1.5-1.9x the tokens/s of one device, t5-small greedy 1.1-1.2x).
+      target_prefix: `[batch, L]` int32 ids, right-padded with 0: each prompt's output starts with these tokens,
+        teacher-forced through the loop (not returned: the samples continue them, `max_new_tokens` more at most).
     """
     encoder_tokens = jnp.asarray(encoder_tokens, jnp.int32)
     batch, enc_len = encoder_tokens.shape
+    start = jnp.full((batch, 1), DECODER_START_ID, jnp.int32)
+    decoder_prompt = start if target_prefix is None else jnp.concatenate(
+        [start, jnp.asarray(target_prefix, jnp.int32)], axis=1)  # [batch, 1 + L]
     devices, platform = sampling.check_split(batch, mesh)
     if row_chunks is None:
         row_chunks = auto_row_chunks(config, batch // devices, enc_len, num_samples, max_new_tokens, platform)
@@ -155,8 +165,9 @@ def sample_t5(params, encoder_tokens, rng, *, config, max_new_tokens: int, num_s
                   eos_id=eos_id, row_chunks=row_chunks)
     if devices == 1:
         cross_kv = _encode_jit(params, encoder_tokens, config=config)
-        return _decode_jit(platform)(params, cross_kv, encoder_tokens, rng, *knobs, **static)
-    params, encoder_tokens = sampling.replicate(params, mesh), sampling.place_rows(encoder_tokens, mesh)
+        return _decode_jit(platform)(params, cross_kv, encoder_tokens, rng, *knobs, decoder_prompt, **static)
+    params = sampling.replicate(params, mesh)
+    encoder_tokens, decoder_prompt = sampling.place_rows((encoder_tokens, decoder_prompt), mesh)
     cross_kv = _encode_split(mesh, config)(params, encoder_tokens)
-    return _decode_split(mesh, **static)(params, cross_kv, encoder_tokens, rng, *knobs)
+    return _decode_split(mesh, **static)(params, cross_kv, encoder_tokens, rng, *knobs, decoder_prompt)
 

@@ -272,7 +272,8 @@ def trace_error(correct, steps_correct) -> float:
 class RulesTable:
     """`rows[rule][column] = {"mean", "low", "high"}` for `COLUMNS` (point estimate and bootstrap interval);
     `deltas[rule]`: the rule's final-answer error minus the `baseline` rule's, paired over the same resampled
-    problem sets; `more_deltas[other][rule]` the same against each further baseline `other`."""
+    problem sets; `more_deltas[other][rule]` the same against each further baseline `other`; `trace_deltas["A - B"]`
+    rule A's trace error minus rule B's on those sets, for each requested pair."""
 
     rows: dict
     rate: float
@@ -282,6 +283,7 @@ class RulesTable:
     deltas: dict = dataclasses.field(default_factory=dict)
     baseline: str = ""
     more_deltas: dict = dataclasses.field(default_factory=dict)
+    trace_deltas: dict = dataclasses.field(default_factory=dict)
 
 
 def _checked(name: str, out: Outcome) -> Outcome:
@@ -305,18 +307,20 @@ def _statistics(out: Outcome, idx: np.ndarray, kept: int) -> np.ndarray:
 
 
 def results_table(outcomes: Mapping[str, Outcome], rate: float = 0.3, samples: int = 1000, seed: int = 0,
-                  alpha: float = 0.05, more_baselines: Sequence[str] = ()) -> RulesTable:
+                  alpha: float = 0.05, more_baselines: Sequence[str] = (),
+                  trace_pairs: Sequence[tuple[str, str]] = ()) -> RulesTable:
     """Final-answer error, trace error and error at `rate` abstention per rule, each with a (1 - alpha)
     percentile-bootstrap interval. Problems are resampled in pairs across rules: every rule is scored on the same
     `samples` resampled problem sets (`stats.resamples`), so rows are comparable. Each rule's final-answer error is
-    also differenced, on those sets, from the first rule's and from each rule named in `more_baselines`."""
+    also differenced, on those sets, from the first rule's and from each rule named in `more_baselines`, and the
+    trace errors of each (A, B) of `trace_pairs` likewise (resampled sets where either has no right answer left out)."""
     if not outcomes:
         raise ValueError("no rules to tabulate")
     if samples < 1 or not 0.0 < alpha < 1.0 or not 0.0 <= rate < 1.0:
         raise ValueError(f"need samples >= 1, alpha in (0, 1), rate in [0, 1); got {samples}, {alpha}, {rate}")
-    missing = [name for name in more_baselines if name not in outcomes]
+    missing = [name for name in (*more_baselines, *(n for pair in trace_pairs for n in pair)) if name not in outcomes]
     if missing:
-        raise ValueError(f"baselines {missing} are not rules of the table")
+        raise ValueError(f"{missing}, named as baselines or trace pairs, are not rules of the table")
     outs = {name: _checked(name, o) for name, o in outcomes.items()}
     sizes = sorted({o.correct.size for o in outs.values()})
     if len(sizes) > 1:
@@ -337,5 +341,7 @@ def results_table(outcomes: Mapping[str, Outcome], rate: float = 0.3, samples: i
                                alpha) for name in outs if name != baseline}
 
     baseline = next(iter(outs))
+    trace = {f"{a} - {b}": interval(points[a][1] - points[b][1], values[a][:, 1] - values[b][:, 1], alpha)
+             for a, b in trace_pairs}
     return RulesTable(rows, rate, n, samples, alpha, deltas(baseline), baseline,
-                      {other: deltas(other) for other in more_baselines})
+                      {other: deltas(other) for other in more_baselines}, trace)

@@ -42,9 +42,9 @@ class RewardScorer:
     def __post_init__(self):
         self._fn = jax.jit(functools.partial(step_log_odds, self.module))
 
-    def step_scores(self, prompts: Sequence[str], texts: Sequence[str]) -> list[np.ndarray]:
-        """P(correct so far) at each step of each solution (steps past the token budgets get none), the steps cut by
-        `split_steps`."""
+    def step_scores(self, prompts: Sequence[str], texts: Sequence[str], log_odds: bool = False) -> list[np.ndarray]:
+        """P(correct so far) at each step of each solution (its log-odds with `log_odds`; steps past the token
+        budgets get none), the steps cut by `split_steps`."""
         out: list[np.ndarray] = []
         for start in range(0, len(texts), self.batch_size):
             chunk = [LabelledSolution(p, t, tuple(self.split_steps(t)), ())
@@ -54,19 +54,37 @@ class RewardScorer:
                                  self.target_len, self.max_steps)
             feed = {k: batch[k] for k in ("inputs", "targets", "tokens", "mask", "positions", "solution_mask")
                     if k in batch}
-            probs = np.asarray(jax.nn.sigmoid(self._fn(self.params, feed)))  # [batch, max_steps]
+            odds = self._fn(self.params, feed)  # [batch, max_steps]
+            probs = np.asarray(odds if log_odds else jax.nn.sigmoid(odds))
             for i in range(len(chunk)):
                 out.append(probs[i, batch["label_mask"][i] > 0])
         return out
 
     def solution_scores(self, prompts: Sequence[str], texts: Sequence[str], reduction: str = "last") -> np.ndarray:
         """One score per solution (`rerank.solution_scores`); 0 for a solution with no scored step."""
-        steps = self.step_scores(prompts, texts)
-        scored = [i for i, s in enumerate(steps) if len(s)]
-        out = np.zeros(len(steps))
-        if scored:
-            out[scored] = rerank.solution_scores([steps[i] for i in scored], reduction)
-        return out
+        return reduce_steps(self.step_scores(prompts, texts), reduction)
+
+
+def reduce_steps(steps: Sequence[np.ndarray], reduction: str = "last") -> np.ndarray:
+    """One score per solution from its step scores (`rerank.solution_scores`); 0 for a solution with no scored
+    step."""
+    scored = [i for i, s in enumerate(steps) if len(s)]
+    out = np.zeros(len(steps))
+    if scored:
+        out[scored] = rerank.solution_scores([steps[i] for i in scored], reduction)
+    return out
+
+
+def policy_step_log_probs(policy: Any, lm_config, tokenizer: Tokenizer, task: Task, input_len: int,
+                          target_len: int, max_steps: int, prompts: Sequence[str], texts: Sequence[str],
+                          batch_size: int = 256) -> list[np.ndarray]:
+    """The policy's log-probability of each step given the problem and the steps before it: a reward model whose
+    score is the policy's own log-likelihood of the solution so far (no learned head), differenced step to step."""
+    module = RewardModel(LanguageModel(lm_config).module(), "scalar", (0, 0), likelihood=True)
+    params = {"lm": policy, "score_kernel": np.zeros((lm_config.d_model,), np.float32),
+              "score_bias": np.zeros((), np.float32), "likelihood_scale": np.ones((), np.float32)}
+    scorer = RewardScorer(module, params, tokenizer, input_len, target_len, max_steps, batch_size, task.split_steps)
+    return [np.diff(so_far, prepend=0.0) for so_far in scorer.step_scores(prompts, texts, log_odds=True)]
 
 
 def export_metadata(module: RewardModel, kind: str, max_steps: int) -> dict:

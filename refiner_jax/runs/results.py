@@ -251,14 +251,30 @@ def markdown_table(table: RulesTable) -> str:
     return "\n".join(lines) + "\n"
 
 
+def first_error_markdown(scores: Mapping[str, Mapping], deltas: Mapping[str, Mapping]) -> str:
+    """The first-error table (ProcessBench's metrics, %) and its paired F1 differences in Markdown."""
+    rows = [[name, *(format_ci(row[m]) for m in ("f1", "acc_erroneous", "acc_correct"))]
+            for name, row in scores.items()]
+    lines = _table(["Verifier", "First-error F1 (%)", "Accuracy, erroneous (%)", "Accuracy, correct (%)"], rows)
+    lines += [f"- Δ F1 {name}: {format_ci(d, signed=True)}" for name, d in deltas.items()]
+    return "\n".join(lines) + "\n"
+
+
 def write_reward_results(workdir: str, task_name: str, table: RulesTable, quality: Mapping[str, Mapping],
-                         curves: Mapping[str, Curve]) -> str:
-    """A reward run's `results.md` (the rules table, the reward models' quality, the abstention plot) and
-    `abstention.png` in `workdir`; prints and returns the markdown."""
+                         curves: Mapping[str, Curve], first_errors: Mapping[str, Mapping] | None = None,
+                         first_error_deltas: Mapping[str, Mapping] | None = None) -> str:
+    """A reward run's `results.md` (the rules table, its paired trace-error differences, the first-error table,
+    the reward models' quality, the abstention plot) and `abstention.png` in `workdir`; prints and returns it."""
     plot_abstention(curves, os.path.join(workdir, "abstention.png"))
-    lines = [f"# {task_name}: outcome- vs process-based feedback\n", markdown_table(table),
-             "\nReward models and two baselines on the SFT policy's test samples (paired AUROC: within a "
-             "problem, right vs wrong samples):\n"]
+    lines = [f"# {task_name}: outcome- vs process-based feedback\n", markdown_table(table)]
+    if table.trace_deltas:
+        lines.append("Trace error, paired differences (percentage points):\n")
+        lines += [f"- {name}: {format_ci(d, signed=True)}" for name, d in table.trace_deltas.items()]
+    if first_errors:
+        lines += ["\nFirst wrong step of each test sample (ProcessBench's protocol; step scorers thresholded on "
+                  "validation samples):\n", first_error_markdown(first_errors, first_error_deltas or {})]
+    lines.append("\nReward models and two baselines on the SFT policy's test samples (paired AUROC: within a "
+                 "problem, right vs wrong samples):\n")
     lines += [f"- {name}: " + ", ".join(f"{key} {100 * v:.1f}" for key, v in q.items() if isinstance(v, float))
               for name, q in quality.items()]
     lines.append("\n![abstention](abstention.png)\n")

@@ -2,12 +2,14 @@
 
     sft    the policy, x -> z on the training problems (the `warmup` config section)
     orm    an outcome reward model trained on the SFT policy's labelled samples, initialised from the policy
-    prm    a process reward model on the same samples (or on a PRM800K-style label file)
+    prm    a process reward model on the same samples (or on a PRM800K-style label file); with
+           `reward.labels="rollouts"` also `prm_rollouts`, one on Math-Shepherd rollout labels of those samples
     rl     expert iteration, one policy per reward of `config.rl.rewards`: sample, keep the rewarded, fine-tune
     eval   K samples per test problem, chosen by greedy / majority vote / ORM or PRM reranking / RM-weighted
            voting, and each RL policy's greedy answer: final-answer error, trace error and error at
-           `reward.abstention` abstention with bootstrap intervals (`results.md`, `results.json`,
-           `abstention.png`)
+           `reward.abstention` abstention with bootstrap intervals, paired trace-error differences, and
+           ProcessBench's first-error scores of every step verifier (`runs.step_studies`) (`results.md`,
+           `results.json`, `abstention.png`)
 
 Every model learns from the same problems: the training split (the reward models and expert iteration its first
 `reward.train_problems` / `rl.problems`) plus `task.extra_problems` generated ones. The SFT policy has then trained on
@@ -39,7 +41,7 @@ from refiner_jax.text_model import TextModel
 from refiner_jax.tasks.base import Example, Task
 from refiner_jax.tasks.dataset_rows import read_step_labels
 from refiner_jax.refiner import stage_data
-from refiner_jax.runs import run_setup
+from refiner_jax.runs import run_setup, step_studies
 from refiner_jax.runs import results as results_lib
 from refiner_jax.runs import run_config as config_lib
 from refiner_jax.stats import error_auroc, paired_auroc
@@ -141,7 +143,11 @@ class Run:
     def reward_spec(self, kind: str) -> StageSpec:
         r = self.config.reward
         train_samples = self.samples("sft", "sft_train", self.train, r.samples, self.config.seed)
-        if kind == "prm" and r.labels_file:
+        if kind == "prm_rollouts":
+            data, _ = step_studies.rollout_data(self)
+            if r.mixed_only:
+                data = mixed_problems(data, r.samples)
+        elif kind == "prm" and r.labels_file:
             data = [reward_labels.LabelledSolution(s.question, s.text, s.steps, s.labels)
                     for s in read_step_labels(r.labels_file, neutral=r.neutral)]
             if not data:
@@ -172,8 +178,9 @@ class Run:
         def make(params, indices, step):
             return [data[int(i) * per_item + j] for i in indices for j in range(per_item)]
 
-        def validate(params):
-            return reward_validation(self.task, self.scorer(params), kind, self.val, val_samples, r.prm_reduction)
+        def validate(params):  # the rollout PRM is chosen by final answers: no step checker in its loop
+            return reward_validation(self.task, self.scorer(params), "orm" if kind == "prm_rollouts" else kind,
+                                     self.val, val_samples, r.prm_reduction)
 
         lm = LanguageModel(self.s.model_config)
 
@@ -277,8 +284,12 @@ class Run:
         flat_x = [ex.x for ex in test for _ in range(k)]
         flat_h = [h for hs in samples for h in hs]
         orm, prm = self.scorer(None, "orm"), self.scorer(None, "prm")
-        orm_scores = orm.solution_scores(flat_x, flat_h, "last").reshape(len(test), k)
-        prm_scores = prm.solution_scores(flat_x, flat_h, c.reward.prm_reduction).reshape(len(test), k)
+        step_scorers = {"orm": orm.step_scores, "prm": prm.step_scores, "policy_log_prob": self.policy_step_log_probs}
+        if stage_done(self.workdir, "prm_rollouts") is not None:
+            step_scorers["prm_rollouts"] = self.scorer(None, "prm_rollouts").step_scores
+        step_scores = {name: score(flat_x, flat_h) for name, score in step_scorers.items()}  # [n * k][steps]
+        orm_scores = reward_scorer.reduce_steps(step_scores["orm"], "last").reshape(len(test), k)
+        prm_scores = reward_scorer.reduce_steps(step_scores["prm"], c.reward.prm_reduction).reshape(len(test), k)
         answers = [[task.answer_key(ex, h) for h in hs] for ex, hs in zip(test, samples)]
         correct = np.array([[task.outcome_label(ex, h) for h in hs] for ex, hs in zip(test, samples)])
         steps_ok = np.array([[_all_steps_right(task, ex, h) for h in hs] for ex, hs in zip(test, samples)])
@@ -297,6 +308,11 @@ class Run:
             f"PRM-weighted vote (K={k})": rerank.weighted_vote(answers, prm_scores),
             f"SFT log-prob rerank (K={k})": rerank.best_of_k(answers, log_probs),
         }
+        if "prm_rollouts" in step_scores:
+            rollout_scores = reward_scorer.reduce_steps(step_scores["prm_rollouts"], c.reward.prm_reduction)
+            selections[f"PRM (rollout labels) rerank (K={k})"] = rerank.best_of_k(answers,
+                                                                                 rollout_scores.reshape(len(test), k))
+        critic = None
         if c.reward.critic_workdir:  # a REFINER run's trained critic: its confidence that a sample is right
             from refiner_jax.refiner.critics import load_critic
 
@@ -316,7 +332,10 @@ class Run:
                 label = {"final": "Final-Answer RL", "orm": "ORM-RL", "prm": "PRM-RL"}[reward]
                 outcomes[f"{label} greedy"] = greedy_outcome(self.greedy(stage, f"{stage}_test_greedy", test))
         table = rerank.results_table(outcomes, rate=c.reward.abstention, samples=c.eval.bootstrap_samples,
-                                     seed=c.seed, more_baselines=(matched_baseline,))
+                                     seed=c.seed, more_baselines=(matched_baseline,),
+                                     trace_pairs=_trace_pairs(outcomes, k))
+        first_errors, first_error_deltas = step_studies.first_error_study(self, test, samples, step_scores,
+                                                                          step_scorers, critic)
         groups = np.repeat(np.arange(len(test)), k)
         quality = {
             "orm": {"paired_auroc_final_answer": paired_auroc(orm_scores.ravel(), ~correct.ravel(), groups),
@@ -333,13 +352,31 @@ class Run:
         curves = {name: rerank.abstention_curve(o.confidence, o.correct) for name, o in outcomes.items()}
         results = {"table": table.rows, "paired_deltas": {"baseline": table.baseline, **table.deltas},
                    "matched_paired_deltas": {"baseline": matched_baseline, **table.more_deltas[matched_baseline]},
+                   "trace_error_delta": table.trace_deltas, "first_error": first_errors,
+                   "first_error_delta": first_error_deltas,
+                   **({"rollout_labels": step_studies.rollout_data(self)[1]} if "prm_rollouts" in step_scores else {}),
                    "rate": table.rate, "problems": table.n_problems, "quality": quality,
                    "curves": {n: {"coverage": cv.coverage.tolist(), "error": cv.error.tolist()}
                               for n, cv in curves.items()}}
         if shd.is_main_process():
-            results_lib.write_reward_results(self.workdir, task.name, table, quality, curves)
+            results_lib.write_reward_results(self.workdir, task.name, table, quality, curves, first_errors,
+                                             first_error_deltas)
         _write_json(os.path.join(self.workdir, "results.json"), results)
         return results
+
+    def policy_step_log_probs(self, prompts: Sequence[str], texts: Sequence[str]) -> list[np.ndarray]:
+        return reward_scorer.policy_step_log_probs(
+            self.policy("sft"), self.s.model_config, self.s.tokenizer, self.task, self.lengths.input,
+            self.lengths.target, self.config.reward.max_steps, prompts, texts)
+
+
+def _trace_pairs(outcomes: dict, k: int) -> list[tuple[str, str]]:
+    """The trace-error comparisons of Uesato et al. among the rules present: PRM vs ORM reranking and greedy, and
+    PRM-RL vs Final-Answer RL and ORM-RL."""
+    wanted = [(f"PRM rerank (K={k})", f"ORM rerank (K={k})"), (f"PRM rerank (K={k})", "SFT greedy"),
+              (f"ORM rerank (K={k})", "SFT greedy"), (f"PRM-weighted vote (K={k})", f"ORM-weighted vote (K={k})"),
+              ("PRM-RL greedy", "Final-Answer RL greedy"), ("PRM-RL greedy", "ORM-RL greedy")]
+    return [(a, b) for a, b in wanted if a in outcomes and b in outcomes]
 
 
 def mixed_problems(data: Sequence[reward_labels.LabelledSolution], k: int) -> list[reward_labels.LabelledSolution]:
@@ -396,7 +433,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: Sequence[str] =
     """Runs (or resumes) the requested stages of the reward pipeline; returns {stage: final metrics}."""
     r = Run(config, workdir, stages)
     results: dict[str, Any] = {"sft": r.stage("sft", r.sft_spec)}
-    for kind in ("orm", "prm"):
+    kinds = ("orm", "prm", "prm_rollouts") if config.reward.labels == "rollouts" else ("orm", "prm")
+    for kind in kinds:
         results[kind] = r.stage(kind, lambda: r.reward_spec(kind))
     results.update(r.rl())
     results["eval"] = stage_done(workdir, "eval")

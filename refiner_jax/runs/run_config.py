@@ -127,14 +127,18 @@ def base_config() -> ml_collections.ConfigDict:
     # the reward model starts from its policy's log-probability (`models.reward_model`). Evaluation draws
     # `test_samples` per test problem (`eval.examples` of them) and picks one by each rule of `rerank` (the policy's
     # log-probability and, with `critic_workdir` naming a REFINER run of the same task, its trained critic's
-    # confidence also rerank); the PRM's solution score is its `prm_reduction` over steps.
+    # confidence also rerank); the PRM's solution score is its `prm_reduction` over steps. `labels` "rollouts" also
+    # trains a second PRM (stage `prm_rollouts`) on Math-Shepherd labels of the same samples, made by
+    # `rollout_completions` policy continuations from each step (`reward.rollout_labels`), and evaluates it beside the
+    # checker-labelled one.
     c.reward = ml_collections.ConfigDict({
         "samples": 8, "train_problems": 2000, "val_problems": 200, "temperature": 0.7, "top_p": 1.0,
         "head": "token", "label_tokens": ("+", "-"), "max_steps": 8, "labels_file": "", "neutral": "positive",
         "steps": 600, "batch_size": 64, "microbatches": 1, "optimizer": _optimizer(1e-3), "eval_every": 200,
         "patience": 2, "mixed_only": True, "lm_weight": 0.0, "likelihood": False,
         "pairwise_weight": 0.0, "test_samples": 16,
-        "prm_reduction": "min", "abstention": 0.3, "sample_rows": 1024, "critic_workdir": ""})
+        "prm_reduction": "min", "abstention": 0.3, "sample_rows": 1024, "critic_workdir": "", "labels": "checker",
+        "rollout_completions": 4})
     # Expert iteration (reward pipeline): for each reward of `rewards` ("final": the answer is right, "orm" / "prm":
     # that reward model's score >= `threshold`), `rounds` times: sample `samples` solutions of each of the first
     # `problems` training problems (and of the `task.extra_problems`) from the current policy, keep the rewarded ones
@@ -286,6 +290,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
          "problems per batch)")
     need(rm.prm_reduction in REDUCTIONS, "reward.prm_reduction", f"{rm.prm_reduction!r}: use one of {REDUCTIONS}")
     need(0.0 <= rm.abstention < 1.0, "reward.abstention", "must be a share in [0, 1)")
+    need(rm.labels in ("checker", "rollouts"), "reward.labels",
+         f"{rm.labels!r}: use 'checker' (the task's step checker) or 'rollouts' (also a PRM on rollout labels)")
+    need(rm.rollout_completions >= 1, "reward.rollout_completions", "must be >= 1 (continuations per step)")
     need(rm.test_samples <= 96 * 8, "reward.test_samples", "more than 768 samples per problem is not supported")
     rl = c.rl
     need(set(rl.rewards) <= set(RL_REWARDS), "rl.rewards", f"{tuple(rl.rewards)}: choose from {RL_REWARDS}")

@@ -10,8 +10,10 @@ task's own checks and conversions make the same `Example`s from either:
   holds them), rendered into the actor layout;
 - sNLR: REFINER's `srn_*.json` records (`rules`, `fact`, `consequents`, ...), one per row;
 - step labels for process reward models: PRM800K (`question`, `label`), Math-Shepherd (`input` with a `ки` tag
-  after each step, `label` with `+` or `-` in its place) and ProcessBench (`problem`, `steps`, `label` = the first
-  wrong step or -1, `final_answer_correct`), as `tasks.prm800k.LabelledSolution`s.
+  after each step, `label` with `+` or `-` in its place), ProcessBench (`problem`, `steps`, `label` = the first
+  wrong step or -1, `final_answer_correct`) and TRL's stepwise supervision (`prompt`, `completions` = one string
+  per step, `labels` = one boolean per step), as `tasks.prm800k.LabelledSolution`s (`step_label_files` writes the
+  last two).
 """
 from __future__ import annotations
 
@@ -136,8 +138,9 @@ def infix_to_prefix(equation: str, numbers: list[float], where: str) -> str:
 
 
 def read_step_labels(source: str, neutral: str = "positive") -> list[prm800k.LabelledSolution]:
-    """Labelled solutions of a step-label source, PRM800K, Math-Shepherd or ProcessBench rows: a `.jsonl` /
-    `.jsonl.gz` file (PRM800K's reader), else data files or a hub dataset (`data_sources`, every split in order)."""
+    """Labelled solutions of a step-label source, PRM800K, Math-Shepherd, ProcessBench or TRL stepwise rows: a
+    `.jsonl` / `.jsonl.gz` file (PRM800K's reader, each line by `step_label_row`), else data files or a hub dataset
+    (`data_sources`, every split in order)."""
     if neutral not in prm800k.NEUTRAL_MODES:
         raise ValueError(f"unknown neutral mode {neutral!r}; choose one of {prm800k.NEUTRAL_MODES}")
     if source.endswith((".jsonl", ".jsonl.gz")) and os.path.isfile(source):
@@ -165,8 +168,11 @@ def step_label_row(row: dict, where: str, uid: str, neutral: str) -> prm800k.Lab
         return prm800k.labelled_solution(uid, question, rated, "solution", neutral)
     if isinstance(row.get("problem"), str) and isinstance(row.get("steps"), list):
         return _processbench(row, where, uid, neutral)
+    if "completions" in row or "labels" in row:
+        return _trl_stepwise(row, where, uid, neutral)
     raise DataError(f"{where}: not a step-label row; expected PRM800K ('question', 'label'), Math-Shepherd "
-                    "('input', 'label' strings) or ProcessBench ('problem', 'steps', 'label') fields")
+                    "('input', 'label' strings), ProcessBench ('problem', 'steps', 'label') or TRL stepwise "
+                    "('prompt', 'completions', 'labels') fields")
 
 
 def _shepherd_steps(text: str, labels: str, where: str) -> tuple[str, list[tuple[str, int]]]:
@@ -200,10 +206,43 @@ def _processbench(row: dict, where: str, uid: str, neutral: str) -> prm800k.Labe
     if type(first_wrong) is not int or not -1 <= first_wrong < len(steps):
         raise DataError(f"{where}: 'label' is {first_wrong!r}; expected the index of the first wrong step, below "
                         f"{len(steps)}, or -1 when none is (ProcessBench)")
+    answer_correct = row.get("final_answer_correct", True)
+    if answer_correct is not None and type(answer_correct) is not bool:
+        raise DataError(f"{where}: 'final_answer_correct' is {answer_correct!r}; expected true, false or null "
+                        "(ProcessBench)")
     if first_wrong >= 0:
         rated = [(s, 1) for s in steps[:first_wrong]] + [(steps[first_wrong], -1)]
         finish = None
-    else:
+    else:  # null: the answer was not checked, so the outcome is unknown
         rated = [(s, 1) for s in steps]
-        finish = "solution" if row.get("final_answer_correct", True) else "wrong_answer"
+        finish = None if answer_correct is None else "solution" if answer_correct else "wrong_answer"
     return prm800k.labelled_solution(uid, row["problem"], rated, finish, neutral)
+
+
+def _trl_stepwise(row: dict, where: str, uid: str, neutral: str) -> prm800k.LabelledSolution | None:
+    """A TRL stepwise-supervision row (`prompt`, `completions`: one string per step, `labels`: one boolean per
+    step) as ProcessBench's: the steps up to and including the first False; the outcome is False then, else unknown
+    (TRL rows say nothing of the final answer). Labels after the first False are not read: labelling stops there."""
+    prompt, steps, labels = row.get("prompt"), row.get("completions"), row.get("labels")
+    if not isinstance(prompt, str):
+        raise DataError(f"{where}: 'prompt' is {_shown(prompt)}; expected the problem as a string (TRL stepwise)")
+    if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s.strip() for s in steps):
+        raise DataError(f"{where}: 'completions' is {_shown(steps)}; expected a non-empty list of non-empty "
+                        "strings, one per step (TRL stepwise)")
+    if not isinstance(labels, list) or not all(type(v) is bool for v in labels):
+        raise DataError(f"{where}: 'labels' is {_shown(labels)}; expected a list of booleans (true/false), one per "
+                        "step (TRL stepwise)")
+    if len(labels) != len(steps):
+        raise DataError(f"{where}: 'labels' has {len(labels)} values for {len(steps)} 'completions'; expected one "
+                        "boolean per step (TRL stepwise)")
+    end = labels.index(False) + 1 if False in labels else len(steps)
+    rated = [(s, 1 if ok else -1) for s, ok in zip(steps[:end], labels[:end])]
+    return prm800k.labelled_solution(uid, prompt, rated, None, neutral)
+
+
+def _shown(value) -> str:
+    """A field's value for a message: missing, or its repr cut short (a row may hold long texts)."""
+    if value is None:
+        return "missing or null"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

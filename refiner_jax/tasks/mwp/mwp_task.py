@@ -11,7 +11,7 @@ from typing import Mapping, Sequence
 
 from refiner_jax.tasks import data_sources
 from refiner_jax.tasks.base import Example, Feedback, StepError
-from refiner_jax.tasks.mwp import synthetic
+from refiner_jax.tasks.mwp import coincidences, synthetic
 from refiner_jax.tasks.mwp.formula import (Formula, Step, _parse_step, _pieces, answers_match, execute,
                                            format_formula, normalize_whitespace, parse_formula)
 from refiner_jax.tasks.mwp.oracle import ERROR_KINDS, _Interner, equivalent, feedback_text, oracle_errors
@@ -29,7 +29,8 @@ class MWPTask:
     of PERTURBATIONS), `answer_rel_tol`/`answer_abs_tol` (answer accuracy), `synthetic_sizes` (train/val/test
     sizes of the embedded generator used when `data_dir` is None), `lowercase` (lower-case the csv questions:
     SVAMP's test questions are all lower case while 61% of MAWPS+ASDiv-A's training questions have capitals, which
-    a tokenizer trained from scratch splits differently).
+    a tokenizer trained from scratch splits differently), `trace_rate` and `trace_kinds` (the share of generated
+    problems whose values let a wrong step reach the right answer, and how: `coincidences`).
     """
 
     name = "mwp"
@@ -39,7 +40,8 @@ class MWPTask:
     def __init__(self, seed: int = 0, val_size: int = 300, no_change_rate: float = 0.2,
                  perturbation_weights: Mapping[str, float] | None = None, answer_rel_tol: float = 1e-4,
                  answer_abs_tol: float = 5e-3, synthetic_sizes: Mapping[str, int] | None = None,
-                 lowercase: bool = False):
+                 lowercase: bool = False, trace_rate: float = 0.0,
+                 trace_kinds: Sequence[str] = coincidences.KINDS):
         weights = dict(DEFAULT_PERTURBATION_WEIGHTS if perturbation_weights is None else perturbation_weights)
         unknown = set(weights) - set(PERTURBATIONS)
         if unknown or not weights or any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
@@ -47,6 +49,11 @@ class MWPTask:
                              f"with a positive sum, got {perturbation_weights}")
         if not 0.0 <= no_change_rate <= 1.0:
             raise ValueError(f"no_change_rate must be in [0, 1], got {no_change_rate}")
+        if not 0.0 <= trace_rate <= 1.0:
+            raise ValueError(f"trace_rate must be in [0, 1] (the share of problems given a coincidence), got "
+                             f"{trace_rate}")
+        if not trace_kinds or set(trace_kinds) - set(coincidences.KINDS):
+            raise ValueError(f"trace_kinds must be some of {coincidences.KINDS}, got {trace_kinds}")
         self.seed = seed
         self.val_size = val_size
         self.no_change_rate = no_change_rate
@@ -55,6 +62,7 @@ class MWPTask:
         self.answer_abs_tol = answer_abs_tol
         self.synthetic_sizes = {**synthetic.DEFAULT_SIZES, **(synthetic_sizes or {})}
         self.lowercase = lowercase
+        self.trace_rate, self.trace_kinds = trace_rate, tuple(trace_kinds)
         self._synthetic_cache: dict[str, tuple[Example, ...]] | None = None
 
     # -- data
@@ -86,14 +94,19 @@ class MWPTask:
         if data_dir is not None or n <= 0:
             return []
         problems = synthetic.generate_splits({**self.synthetic_sizes, "extra": n}, seed=self.seed)["extra"]
-        return [_synthetic_example(p) for p in problems]
+        return [_synthetic_example(p) for p in self._coincide(problems)]
 
     def _synthetic(self) -> dict[str, tuple[Example, ...]]:
         if self._synthetic_cache is None:
             problems = synthetic.generate_splits(self.synthetic_sizes, seed=self.seed)
-            self._synthetic_cache = {split: tuple(_synthetic_example(p) for p in items)
+            self._synthetic_cache = {split: tuple(_synthetic_example(p) for p in self._coincide(items))
                                      for split, items in problems.items()}
         return self._synthetic_cache
+
+    def _coincide(self, problems: Sequence[synthetic.Problem]) -> list[synthetic.Problem]:
+        if self.trace_rate <= 0:
+            return list(problems)
+        return coincidences.apply(problems, self.trace_rate, self.seed, self.trace_kinds)
 
     # -- critic
 
@@ -216,7 +229,7 @@ class MWPTask:
 
 def _synthetic_example(p: synthetic.Problem) -> Example:
     return _example_from_fields(p.uid, p.question, p.numbers, p.equation, p.answer,
-                                {"family": p.family, "domain": p.domain})
+                                {"family": p.family, "domain": p.domain, **({"coincidence": p.coincidence} if p.coincidence else {})})
 
 
 def _gold_answer(example: Example) -> float:

@@ -32,6 +32,7 @@ class Problem:
     answer: float
     family: str
     domain: str
+    coincidence: str = ""  # the `coincidences` kind that rewrote its values, if any
 
 
 # ----------------------------------------------------------------------------------------------- assembly
