@@ -23,13 +23,16 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from refiner_jax import cpu, sharding
-from refiner_jax.runs import refiner_run, reward_run
+from refiner_jax.runs import joint_run, refiner_run, reward_run
+
+_PIPELINES = {"refiner": refiner_run, "reward": reward_run, "joint": joint_run}
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py[:variant]).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "workdir/refiner", "Run directory (checkpoints, metrics, results).")
 _STAGES = flags.DEFINE_list("stages", [], f"Stages to run (default: all of the config's pipeline): from "
-                            f"{refiner_run.STAGES} (config.pipeline 'refiner') or {reward_run.STAGES} ('reward').")
+                            f"{refiner_run.STAGES} (config.pipeline 'refiner'), {reward_run.STAGES} ('reward') or "
+                            f"{joint_run.STAGES} ('joint').")
 _MULTIHOST = flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() (TPU pod slices, multi-node "
                                 "GPU clusters; the cluster is auto-detected).")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for a multi-process run "
@@ -55,9 +58,11 @@ def main(argv):
         raise app.UsageError(f"JAX started its CPU backend with {jax.local_device_count()} devices before "
                              f"--host_devices={_HOST_DEVICES.value} could apply; set XLA_FLAGS="
                              f"{cpu.HOST_DEVICES_FLAG}={host_devices} in the environment instead")
-    run = reward_run.run if _CONFIG.value.get("pipeline", "refiner") == "reward" else refiner_run.run
-    stages = tuple(_STAGES.value) or (reward_run.STAGES if run is reward_run.run else refiner_run.STAGES)
-    run(_CONFIG.value, _WORKDIR.value, stages)
+    pipeline = _CONFIG.value.get("pipeline", "refiner")
+    if pipeline not in _PIPELINES:
+        raise app.UsageError(f"config.pipeline {pipeline!r} is not a pipeline; use one of {sorted(_PIPELINES)}")
+    module = _PIPELINES[pipeline]
+    module.run(_CONFIG.value, _WORKDIR.value, tuple(_STAGES.value) or module.STAGES)
 
 
 if __name__ == "__main__":

@@ -284,6 +284,29 @@ def write_reward_results(workdir: str, task_name: str, table: RulesTable, qualit
     return text
 
 
+def write_joint_results(out_dir: str, task_name: str, table: RulesTable, extra: Mapping[str, Mapping]) -> str:
+    """A joint run's `results.md` (every row with its compute, fixed / broken and paired differences) and
+    `tokens.png` (final-answer error against tokens per problem) in `out_dir`; prints and returns the markdown."""
+    header = ["Row", "Final-answer error (%)", "Trace error (%)", f"Error at {100 * table.rate:g}% abstention (%)",
+              "Fixed / broken vs the first sample", "Tokens per problem", "Forward passes per problem"]
+    header += [f"Δ final-answer error vs {b}, paired" for b in table.more_deltas]
+    rows = []
+    for name, row in table.rows.items():
+        e = extra[name]
+        cells = ["–" if math.isnan(row[c]["mean"]) else format_ci(row[c]) for c in COLUMNS]
+        cells += [f"{e['fixed']} / {e['broken']}", f"{e['tokens_per_problem']:.0f}", f"{e['passes_per_problem']:.0f}"]
+        cells += [format_ci(d[name], signed=True) if name in d else "–" for d in table.more_deltas.values()]
+        rows.append([name, *cells])
+    text = "\n".join([f"# {task_name}: locate, explain, revise, rerank\n", *_table(header, rows),
+                      f"\n{table.n_problems} problems; brackets: {100 * (1 - table.alpha):g}% percentile-bootstrap "
+                      "interval over problems (the same resampled sets for every row).", "\n![tokens](tokens.png)\n"])
+    plot_tokens({n: (e["tokens_per_problem"], table.rows[n]["final_answer_error"]["mean"]) for n, e in extra.items()},
+                os.path.join(out_dir, "tokens.png"))
+    atomic_files.write_text(os.path.join(out_dir, "results.md"), text)
+    print(text)
+    return text
+
+
 # ----------------------------------------------------------------------------------------------- plots
 
 
@@ -384,4 +407,22 @@ def plot_abstention(curves: Mapping[str, Curve], path: str) -> str:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=120)
+    return path
+
+
+def plot_tokens(points: Mapping[str, tuple[float, float]], path: str) -> str:
+    """Final-answer error (%) against tokens per problem, one labelled point per row; returns `path`."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.0, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for name, (tokens, error) in points.items():
+        ax.scatter([tokens], [100 * error])
+        ax.annotate(name, (tokens, 100 * error), fontsize=7, xytext=(4, 2), textcoords="offset points")
+    ax.set(xlabel="tokens per problem (all models)", ylabel="final-answer error (%)", title="Error against compute")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
     return path

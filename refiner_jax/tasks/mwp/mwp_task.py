@@ -14,7 +14,8 @@ from refiner_jax.tasks.base import Example, Feedback, StepError
 from refiner_jax.tasks.mwp import coincidences, synthetic
 from refiner_jax.tasks.mwp.formula import (Formula, Step, _parse_step, _pieces, answers_match, execute,
                                            format_formula, normalize_whitespace, parse_formula)
-from refiner_jax.tasks.mwp.oracle import ERROR_KINDS, _Interner, equivalent, feedback_text, oracle_errors
+from refiner_jax.tasks.mwp.oracle import (ERROR_KINDS, SENTENCES, _Interner, equivalent, feedback_text,
+                                          oracle_errors)
 from refiner_jax.tasks.mwp.perturbations import (DEFAULT_PERTURBATION_WEIGHTS, PERTURBATIONS, _PERTURBERS,
                                                  _equivalent_rewrite, _extra_step)
 from refiner_jax.tasks.mwp.svamp_data import (_example_from_fields, _examples_from_csv, examples_from_dataset,
@@ -154,6 +155,12 @@ class MWPTask:
         hyp, _ = _extra_step(gold, rng, n_numbers)  # always applicable and always flagged
         text = format_formula(hyp)
         return text, self.oracle_feedback(example, text)
+
+    @staticmethod
+    def location_feedback(step: int) -> str:
+        """Feedback that says only where the error is: every sentence about step `#step` (its operator and both
+        numbers), in the critic's own vocabulary, with no claim about which part is wrong."""
+        return " ".join(SENTENCES[kind].format(k=step) for kind in ("operator", "first_number", "second_number"))
 
     # -- reward-model views
 

@@ -1,0 +1,152 @@
+"""The joint system: a step verifier locates the first doubtful step, a critic explains it, the generator revises
+from there, and the verifier reranks originals and revisions.
+
+    K samples per problem, every step scored (one scorer pass per solution)
+    gate:     keep the verifier's best sample when its score reaches `gate` (a confident problem is left alone)
+    locate:   the first step of the best sample scored below `step_threshold` (its lowest step if none is)
+    explain:  the critic's feedback on that sample, its sentences about the located step `#k` when it has some
+    revise:   the generator rewrites from the problem, the sample and the feedback, the steps before `#k` forced
+    rerank:   the best of the K samples and the revision by the verifier
+
+`Variant` switches each part off for the ablations (location only: the feedback is `location_feedback(k)`;
+explanation only: the critic's whole feedback and no forced prefix). Every model call is counted
+(`Compute`: generated tokens and forward passes), so variants can be compared at equal compute. The function
+works over any generator (`generate(inputs, prefixes) -> texts`), critic (`feedback(examples, solutions)`) and step
+scorer (`(prompts, solutions) -> per-step scores`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Callable, Sequence
+
+import numpy as np
+
+from refiner_jax.reward.batches import step_ends
+from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task, is_no_hint, refine_input
+
+StepScorer = Callable[[list[str], list[str]], list[np.ndarray]]
+# (generator inputs, forced target prefixes) -> one greedy output each, prefix included
+Generate = Callable[[list[str], list[str]], list[str]]
+CountTokens = Callable[[str], int]
+_SENTENCE = re.compile(r"[^.!?]*[.!?]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """Which parts run: `locate` (revise from the located step, forced prefix), `explain` (the critic's feedback;
+    without it the location sentence), `gate` (only problems whose best score is below the gate)."""
+
+    locate: bool = True
+    explain: bool = True
+    gate: bool = True
+
+
+@dataclasses.dataclass
+class Compute:
+    """Per-problem counts of model work: tokens written by any model (forced prefix tokens are read, not written),
+    and forward passes (one per generated token, one prefill per generated text, one per solution scored)."""
+
+    tokens: np.ndarray
+    passes: np.ndarray
+
+    @classmethod
+    def zeros(cls, n: int) -> Compute:
+        return cls(np.zeros(n, np.int64), np.zeros(n, np.int64))
+
+    def generated(self, problem: int, written: int) -> None:
+        self.add(problem, written, written + 1)
+
+    def add(self, problem: int, tokens: int, passes: int) -> None:
+        self.tokens[problem] += tokens
+        self.passes[problem] += passes
+
+    def scored(self, problem: int, solutions: int = 1) -> None:
+        self.passes[problem] += solutions
+
+
+@dataclasses.dataclass
+class JointResult:
+    """Per problem: the chosen solution, its verifier score (the confidence), the revision (None when the gate
+    kept the sample), the located step and the feedback used; and the compute spent."""
+
+    chosen: list[str]
+    confidence: np.ndarray
+    revisions: list[str | None]
+    located: list[int]
+    feedback: list[str]
+    compute: Compute
+
+
+def solution_score(steps: np.ndarray) -> float:
+    """A solution's verifier score: its lowest step score (-inf without a scored step)."""
+    return float(np.min(steps)) if len(steps) else -np.inf
+
+
+def locate(steps: np.ndarray, step_threshold: float) -> int:
+    """The first step scored below `step_threshold`, else the lowest-scored step (0 without a scored step)."""
+    below = np.flatnonzero(np.asarray(steps) < step_threshold)
+    if below.size:
+        return int(below[0])
+    return int(np.argmin(steps)) if len(steps) else 0
+
+
+def sentences_about(feedback: str, step: int) -> str:
+    """The sentences of `feedback` that name `#step` ("" when none does)."""
+    mark = re.compile(rf"#\s*{step}(?!\d)")
+    return " ".join(s.strip() for s in _SENTENCE.findall(feedback) if mark.search(s))
+
+
+def prefix_before(task: Task, solution: str, step: int) -> str:
+    """The solution's text up to the end of the step before `step` ("" for the first step)."""
+    steps = task.split_steps(solution)
+    if step <= 0 or not steps:
+        return ""
+    return solution[:step_ends(solution, steps)[min(step, len(steps)) - 1]]
+
+
+def joint_refine(examples: Sequence[Example], samples: Sequence[Sequence[str]], sample_steps: Sequence[Sequence[np.ndarray]],
+                 *, task: Task, generate: Generate, critic, score_steps: StepScorer, count_tokens: CountTokens,
+                 location_feedback: Callable[[int], str], gate: float, step_threshold: float,
+                 variant: Variant = Variant(), template: str = DEFAULT_REFINE_TEMPLATE,
+                 critic_cost: Callable[[Example, str, str], tuple[int, int]] | None = None) -> JointResult:
+    """One locate / explain / revise / rerank round on every problem (batched: one critic call, one generator call
+    and one scorer call for all the revised problems). `samples[i]` are problem i's K samples and
+    `sample_steps[i][j]` the verifier's step scores of sample j (already computed and counted by the caller).
+    `critic_cost(example, solution, feedback)` -> (tokens, passes) the critic spent (default: it wrote the
+    feedback)."""
+    if critic_cost is None:
+        def critic_cost(example, solution, text):
+            return count_tokens(text), count_tokens(text) + 1
+    n = len(examples)
+    compute = Compute.zeros(n)
+    best = [int(np.argmax([solution_score(s) for s in steps])) for steps in sample_steps]
+    top = np.array([solution_score(steps[b]) for steps, b in zip(sample_steps, best)])
+    chosen = [samples[i][b] for i, b in enumerate(best)]
+    revise = [i for i in range(n) if not variant.gate or top[i] < gate]
+    located = [locate(sample_steps[i][best[i]], step_threshold) for i in range(n)]
+    feedback = [""] * n
+    if revise and variant.explain:
+        said = critic.feedback([examples[i] for i in revise], [chosen[i] for i in revise])
+        for i, f in zip(revise, said):
+            compute.add(i, *critic_cost(examples[i], chosen[i], f))
+            about = sentences_about(f, located[i]) if variant.locate else f
+            feedback[i] = about or (location_feedback(located[i]) if variant.locate else f)
+    else:
+        for i in revise:
+            feedback[i] = location_feedback(located[i])
+    revise = [i for i in revise if not is_no_hint(feedback[i])]
+    prefixes = [prefix_before(task, chosen[i], located[i]) if variant.locate else "" for i in revise]
+    revised = generate([refine_input(examples[i].x, chosen[i], feedback[i], template) for i in revise],
+                       prefixes) if revise else []
+    revisions: list[str | None] = [None] * n
+    for i, p, z in zip(revise, prefixes, revised):
+        revisions[i] = z
+        compute.generated(i, max(count_tokens(z) - count_tokens(p), 0))
+    scores = score_steps([examples[i].x for i in revise], list(revised)) if revise else []
+    confidence = top.copy()
+    for i, steps in zip(revise, scores):
+        compute.scored(i)
+        if solution_score(steps) > confidence[i]:
+            chosen[i], confidence[i] = revisions[i], solution_score(steps)
+    return JointResult(chosen, confidence, revisions, located, feedback, compute)

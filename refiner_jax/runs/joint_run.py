@@ -1,0 +1,245 @@
+"""The joint run (`pipeline = "joint"`, `configs/joint_mwp.py`): a REFINER run's generator and critic and a reward
+run's PRM on the same problems, combined by `joint.locate_explain_revise` and compared with each part alone at
+equal compute.
+
+    refiner  the REFINER run (`config.refiner_run`), unless `joint.refiner_workdir` names a finished one
+    reward   the reward run (`config.reward_run`), unless `joint.reward_workdir` names a finished one
+    joint    K (and up to 2K) samples of the REFINER generator per test problem, scored by the PRM, then every row
+             of the table; `joint/results.md`, `results.json`, `tokens.png`
+
+The gate (on the best sample's PRM score) and the step threshold (first-error F1) are chosen on validation samples.
+Compute is counted per problem for every row; "PRM rerank, equal compute" draws as many samples as the full system
+spends tokens. The models never see a problem's values (numbers are masked), so runs trained on the plain
+generator serve its trace-error variant alike.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from refiner_jax import atomic_files, text_model
+from refiner_jax.joint import locate_explain_revise as joint
+from refiner_jax.refiner import feedback_loop
+from refiner_jax.refiner.critics import SolverCritic
+from refiner_jax.reward import first_error, rerank
+from refiner_jax.reward.scorer import load_reward_model
+from refiner_jax.runs import refiner_eval, refiner_run, results as results_lib, reward_run, run_config, run_lock
+from refiner_jax.tasks import get_task
+from refiner_jax.tasks.base import Example, Task
+
+STAGES = ("refiner", "reward", "joint")
+FULL = "locate + explain + revise + rerank"
+
+
+def _need(ok: bool, field: str, message: str) -> None:
+    if not ok:
+        raise run_config.ConfigError(f"config.joint.{field}: {message}")
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    j = config.joint
+    _need(j.samples >= 1, "samples", "must be >= 1 (K samples per problem)")
+    _need(j.turns >= 1, "turns", "must be >= 1 (REFINER loop turns)")
+    _need(j.temperature > 0, "temperature", "must be > 0 (the K samples must differ)")
+    _need(0 < j.top_p <= 1, "top_p", "must be in (0, 1]")
+    for field in ("refiner_workdir", "reward_workdir"):
+        path = j[field]
+        _need(not path or os.path.isfile(os.path.join(path, run_config.CONFIG_FILE)), field,
+              f"{path} is not a finished run directory (no {run_config.CONFIG_FILE}); train it first or leave "
+              "the field empty to train one here")
+    if j.reward_workdir:
+        _need(os.path.isdir(os.path.join(j.reward_workdir, "prm", "export")), "reward_workdir",
+              f"{j.reward_workdir} has no trained PRM (prm/export); run its prm stage first")
+    if j.refiner_workdir:
+        _need(os.path.isdir(os.path.join(j.refiner_workdir, "critic", "export")), "refiner_workdir",
+              f"{j.refiner_workdir} has no trained critic (critic/export); run its critic stage first")
+    else:
+        run_config.validate(config.refiner_run)
+    if not j.reward_workdir:
+        run_config.validate(config.reward_run)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, stages: Sequence[str] = STAGES) -> dict:
+    """Trains what `config.joint` does not name, then evaluates every row; returns the results."""
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        raise run_config.ConfigError(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
+    validate(config)
+    j = config.joint
+    refiner_dir = j.refiner_workdir or os.path.join(workdir, "refiner")
+    reward_dir = j.reward_workdir or os.path.join(workdir, "reward")
+    if not j.refiner_workdir and "refiner" in stages:
+        refiner_run.run(config.refiner_run, refiner_dir)
+    if not j.reward_workdir and "reward" in stages:
+        reward_run.run(config.reward_run, reward_dir)
+    if "joint" not in stages:
+        return {}
+    out_dir = os.path.join(workdir, "joint")
+    os.makedirs(out_dir, exist_ok=True)
+    lock = run_lock.acquire(out_dir)
+    try:
+        return evaluate(config, out_dir, refiner_dir, reward_dir)
+    finally:
+        lock.release()
+
+
+class _Models:
+    """The generator, critic, PRM and token counter of the two runs."""
+
+    def __init__(self, config, task: Task, refiner_dir: str, reward_dir: str):
+        j = config.joint
+        info = text_model.RunInfo(refiner_dir, run_config.load(refiner_dir))
+        _, self.generator, self.critic = refiner_eval.load_run_models(info, task, j.batch_size)
+        self.tokenizer = info.tokenizer()
+        reward = text_model.RunInfo(reward_dir, run_config.load(reward_dir))
+        self.prm = load_reward_model(os.path.join(reward_dir, "prm"), reward.tokenizer(), task,
+                                     reward.lengths["input"], reward.lengths["target"])
+        self.template = info.config.refiner.template
+
+    def tokens(self, text: str) -> int:
+        """Tokens a model writes for `text`: its tokens and the end token."""
+        return len(self.tokenizer.encode(text, add_eos=False)) + 1
+
+    def critic_cost(self, example: Example, solution: str, feedback: str) -> tuple[int, int]:
+        """(tokens, passes) of one critic call: a solving critic writes its own answer (greedy plus its samples,
+        once per problem) and scores the hypothesis; the paper's critic writes its feedback."""
+        if isinstance(self.critic, SolverCritic):
+            own = self.tokens(self.critic.references([example])[0][0]) * (1 + self.critic.samples)
+            return own, own + 1 + self.critic.samples + 1
+        return self.tokens(feedback), self.tokens(feedback) + 1
+
+    def generate(self, inputs: list[str], prefixes: list[str]) -> list[str]:
+        return [t[0] for t in self.generator.generate(inputs, prefixes=prefixes)]
+
+    def steps(self, examples: Sequence[Example], solutions: list[list[str]]) -> list[list[np.ndarray]]:
+        flat = self.prm.step_scores([ex.x for ex, hs in zip(examples, solutions) for _ in hs],
+                                    [h for hs in solutions for h in hs])
+        out, at = [], 0
+        for hs in solutions:
+            out.append(flat[at:at + len(hs)])
+            at += len(hs)
+        return out
+
+
+def _gate(best_scores: np.ndarray, wrong: np.ndarray) -> float:
+    """The best-sample score below which a problem is revised: the cut with the highest balanced accuracy at
+    telling wrong chosen answers from right ones (validation)."""
+    cuts = np.unique(best_scores)
+    if cuts.size == 0 or wrong.all() or not wrong.any():
+        return float("inf") if wrong.all() else float("-inf")
+
+    def balanced(t):
+        flagged = best_scores < t
+        return (flagged[wrong].mean() + (~flagged[~wrong]).mean()) / 2
+
+    return float(max(np.concatenate([cuts, [cuts[-1] + 1]]), key=balanced))
+
+
+def evaluate(config, out_dir: str, refiner_dir: str, reward_dir: str) -> dict:
+    j = config.joint
+    task = get_task(config.task.name, **dict(config.task.options))
+    data_dir = config.task.data_dir or None
+    test, val = task.load("test", data_dir)[:j.examples], task.load("val", data_dir)[:j.val_problems]
+    m = _Models(config, task, refiner_dir, reward_dir)
+    k, rng = j.samples, jax.random.key(config.seed)
+    draw = dict(temperature=j.temperature, top_p=j.top_p)
+    pool = m.generator.generate([ex.x for ex in test], num_samples=2 * k, rng=rng, **draw)  # [n][2K]
+    val_samples = m.generator.generate([ex.x for ex in val], num_samples=k, rng=jax.random.fold_in(rng, 1), **draw)
+    pool_steps, val_steps = m.steps(test, pool), m.steps(val, val_samples)
+    # Thresholds from validation: the step threshold by first-error F1, the gate on the best sample's score.
+    flat_val = [(ex, h) for ex, hs in zip(val, val_samples) for h in hs]
+    gold = [first_error.gold_first_error(task.step_labels(ex, h), task.outcome_label(ex, h)) for ex, h in flat_val]
+    step_threshold = first_error.choose_threshold([s for ss in val_steps for s in ss], gold)
+    best = [int(np.argmax([joint.solution_score(s) for s in ss])) for ss in val_steps]
+    gate = _gate(np.array([joint.solution_score(ss[b]) for ss, b in zip(val_steps, best)]),
+                 np.array([not task.outcome_label(ex, hs[b]) for ex, hs, b in zip(val, val_samples, best)]))
+    sample_tokens = np.array([[m.tokens(h) for h in hs] for hs in pool])  # [n, 2K]
+
+    def sampled(count: int) -> joint.Compute:
+        """The cost of `count` samples per problem, each scored once."""
+        tokens = sample_tokens[:, :count].sum(axis=1)
+        return joint.Compute(tokens.copy(), tokens + 2 * count)
+
+    rows: dict[str, tuple[list[str], np.ndarray, joint.Compute]] = {}
+    rows["first sample"] = ([hs[0] for hs in pool], np.array([joint.solution_score(ss[0]) for ss in pool_steps]),
+                            sampled(1))
+
+    def rerank_row(count: int):
+        chosen, conf = [], []
+        for hs, ss in zip(pool, pool_steps):
+            scores = [joint.solution_score(s) for s in ss[:count]]
+            chosen.append(hs[int(np.argmax(scores))])
+            conf.append(max(scores))
+        return chosen, np.array(conf), sampled(count)
+
+    rows[f"PRM rerank (K={k})"] = rerank_row(k)
+    variants = {FULL: joint.Variant(), f"{FULL}, no gate": joint.Variant(gate=False),
+                "locate only (\"#k is wrong\") + revise + rerank": joint.Variant(explain=False),
+                "explain only (the critic's feedback) + revise + rerank": joint.Variant(locate=False)}
+    for label, variant in variants.items():
+        out = joint.joint_refine(test, [hs[:k] for hs in pool], [ss[:k] for ss in pool_steps], task=task,
+                                 generate=m.generate, critic=m.critic, score_steps=m.prm.step_scores,
+                                 count_tokens=m.tokens, location_feedback=_location_feedback(task),
+                                 gate=gate, step_threshold=step_threshold, variant=variant, template=m.template,
+                                 critic_cost=m.critic_cost)
+        spent = sampled(k)
+        rows[f"{label} (K={k})"] = (out.chosen, out.confidence,
+                                    joint.Compute(spent.tokens + out.compute.tokens, spent.passes + out.compute.passes))
+    full_tokens = rows[f"{FULL} (K={k})"][2].tokens.mean()
+    matched = int(min(2 * k, max(k, math.ceil(full_tokens / sample_tokens[:, :k].mean()))))
+    equal = f"PRM rerank, equal compute (K={matched})"
+    rows[equal] = rerank_row(matched)
+    refiner_label = f"REFINER loop (T={j.turns})"
+    rows[refiner_label] = _refiner_loop(m, task, test, j.turns)
+    return _report(config, out_dir, task, test, pool, rows, equal, refiner_label,
+                   {"gate": gate, "step_threshold": step_threshold, "equal_compute_samples": matched})
+
+
+def _location_feedback(task: Task):
+    """The feedback that only locates step k, in the task's own sentences (`Task.location_feedback`)."""
+    located = getattr(task, "location_feedback", None)
+    return located if located is not None else (lambda k: f"Step #{k} is incorrect.")
+
+
+def _refiner_loop(m: _Models, task: Task, test: Sequence[Example], turns: int):
+    """The REFINER loop alone: greedy, then critic and revision for `turns` rounds; its final answers, their PRM
+    score (for abstention, not counted as compute) and its compute."""
+    trajectories = feedback_loop.refine(m.generator, m.critic, task, test, turns, m.template)
+    compute = joint.Compute.zeros(len(test))
+    for i, (ex, t) in enumerate(zip(test, trajectories)):
+        for h in t.hypotheses:
+            compute.generated(i, m.tokens(h))
+        for h, f in zip(t.hypotheses, t.feedback):
+            compute.add(i, *m.critic_cost(ex, h, f))
+    final = feedback_loop.final_hypotheses(trajectories)
+    confidence = np.array([joint.solution_score(s) for s in
+                           m.prm.step_scores([ex.x for ex in test], final)])
+    return final, confidence, compute
+
+
+def _report(config, out_dir: str, task: Task, test, pool, rows: dict, equal: str, refiner_label: str,
+            settings: dict) -> dict:
+    j = config.joint
+    first = np.array([task.outcome_label(ex, hs[0]) for ex, hs in zip(test, pool)])
+    outcomes, extra = {}, {}
+    for label, (chosen, confidence, compute) in rows.items():
+        correct = np.array([task.outcome_label(ex, h) for ex, h in zip(test, chosen)])
+        steps_ok = np.array([bool(labels) and all(labels) for labels in
+                             (task.step_labels(ex, h) for ex, h in zip(test, chosen))])
+        outcomes[label] = rerank.Outcome(correct, confidence, steps_ok)
+        extra[label] = {"tokens_per_problem": float(compute.tokens.mean()),
+                        "passes_per_problem": float(compute.passes.mean()),
+                        "fixed": int((correct & ~first).sum()), "broken": int((~correct & first).sum())}
+    table = rerank.results_table(outcomes, rate=j.abstention, samples=j.bootstrap_samples, seed=config.seed,
+                                 more_baselines=(equal, refiner_label))
+    results = {"table": {label: {**row, **extra[label]} for label, row in table.rows.items()},
+               "paired_deltas": [{"baseline": b, **table.more_deltas[b]} for b in (equal, refiner_label)],
+               "problems": table.n_problems, "rate": table.rate, "settings": settings}
+    atomic_files.write_json(os.path.join(out_dir, "results.json"), results, indent=2, default=float)
+    results_lib.write_joint_results(out_dir, task.name, table, extra)
+    return results

@@ -1,0 +1,81 @@
+"""The joint locate / explain / revise / rerank round on stub models: the gate, the located step, the feedback each
+variant uses, the forced prefix, the reranking and the compute counts, all worked out by hand."""
+import numpy as np
+
+from refiner_jax.joint import locate_explain_revise as joint
+from refiner_jax.tasks import Example, mwp
+
+GOLD = "#0: multiply ( number1, number2 ) | #1: subtract ( number0, #0 )"
+WRONG = "#0: multiply ( number1, number2 ) | #1: add ( number0, #0 )"
+
+
+def _example(uid):
+    return Example(uid, f"problem {uid}", GOLD, "4.0", {"numbers": [10.0, 2.0, 3.0], "answer": 4.0})
+
+
+class _Critic:
+    def __init__(self):
+        self.calls = []
+
+    def feedback(self, examples, solutions):
+        self.calls.append(list(solutions))
+        return ["The first number in #0 is incorrect. The operator in #1 is incorrect." for _ in solutions]
+
+
+def _run(variant, calls, critic=None):
+    examples = [_example("a"), _example("b")]
+    samples = [[GOLD, WRONG], [WRONG, GOLD]]
+    # Problem a: its best sample (GOLD, min 0.9) passes the gate 0.5. Problem b: both samples score low; the best
+    # is WRONG (min 0.3 > 0.2), whose step 1 is the first below the step threshold 0.4.
+    steps = [[np.array([0.95, 0.9]), np.array([0.9, 0.1])], [np.array([0.8, 0.3]), np.array([0.2, 0.9])]]
+
+    def generate(inputs, prefixes):
+        calls.append((list(inputs), list(prefixes)))
+        return [(p + " | " if p else "") + "#1: subtract ( number0, #0 )" if p else GOLD for p in prefixes]
+
+    def score(prompts, solutions):
+        return [np.array([0.9, 0.85]) for _ in solutions]
+
+    return joint.joint_refine(examples, samples, steps, task=mwp.MWPTask(), generate=generate,
+                              critic=critic or _Critic(), score_steps=score, count_tokens=lambda t: len(t.split()),
+                              location_feedback=lambda k: f"The operator in #{k} is incorrect.", gate=0.5,
+                              step_threshold=0.4, variant=variant)
+
+
+def test_locate_explain_revise_rerank_by_hand():
+    calls, critic = [], _Critic()
+    out = _run(joint.Variant(), calls, critic)
+    assert critic.calls == [[WRONG]]  # the gate left problem a alone
+    assert out.located[1] == 1 and out.revisions == [None, GOLD]
+    assert out.feedback[1] == "The operator in #1 is incorrect."  # the critic's sentence about the located step
+    (inputs, prefixes), = calls
+    assert prefixes == ["#0: multiply ( number1, number2 )"]  # step 0 kept, forced
+    assert inputs == [f"problem b Previous Answer: {WRONG} Feedback: The operator in #1 is incorrect."]
+    assert out.chosen == [GOLD, GOLD] and out.confidence.tolist() == [0.9, 0.85]  # the revision outranks 0.3
+    # Problem b (tokens = words here): the critic wrote 13 (14 passes with its prefill); the generator wrote the 7
+    # after the 6-word prefix (8 passes); the revision was scored once. Problem a: nothing.
+    assert out.compute.tokens.tolist() == [0, 13 + 7] and out.compute.passes.tolist() == [0, 14 + 8 + 1]
+
+
+def test_variants_switch_each_part():
+    calls = []
+    out = _run(joint.Variant(gate=False), calls)
+    assert out.revisions[0] is not None and len(calls[0][1]) == 2  # both problems revised without the gate
+    calls, critic = [], _Critic()
+    out = _run(joint.Variant(explain=False), calls, critic)
+    assert critic.calls == [] and out.feedback[1] == "The operator in #1 is incorrect."  # location only
+    assert calls[0][1] == ["#0: multiply ( number1, number2 )"]
+    calls = []
+    out = _run(joint.Variant(locate=False), calls)
+    assert out.feedback[1] == "The first number in #0 is incorrect. The operator in #1 is incorrect."
+    assert calls[0][1] == [""]  # explanation only: the critic's whole feedback, nothing forced
+
+
+def test_helpers_by_hand():
+    assert joint.locate(np.array([0.9, 0.2, 0.1]), 0.5) == 1
+    assert joint.locate(np.array([0.9, 0.7]), 0.5) == 1  # none below: the lowest
+    assert joint.sentences_about("The operator in #1 is incorrect. The first number in #10 is incorrect.", 1) == \
+        "The operator in #1 is incorrect."
+    task = mwp.MWPTask()
+    assert joint.prefix_before(task, GOLD, 0) == "" and joint.prefix_before(task, GOLD, 1) == \
+        "#0: multiply ( number1, number2 )"

@@ -1,0 +1,64 @@
+"""The joint run end to end on tiny runs: a REFINER run's warm-up generator and critic and a reward run's PRM,
+every row of the table with its compute, the equal-compute baseline and config errors."""
+import json
+import os
+import sys
+
+import pytest
+
+from refiner_jax.runs import joint_run, refiner_run, reward_run, run_config
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_pipeline import tiny_config as tiny_refiner  # noqa: E402
+from test_reward_pipeline import tiny_config as tiny_reward  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs"))
+import joint_mwp  # noqa: E402
+
+
+def test_joint_run_on_tiny_runs(tmp_path):
+    refiner_dir, reward_dir = str(tmp_path / "refiner"), str(tmp_path / "reward")
+    task = {"name": "mwp", "data_dir": "", "extra_problems": 0,
+            "options": {"synthetic_sizes": {"train": 256, "val": 32, "test": 24}, "trace_rate": 1.0}}
+    r = tiny_refiner()
+    r.task.options = task["options"]
+    refiner_run.run(r, refiner_dir, stages=("warmup", "critic"))
+    w = tiny_reward()
+    w.task.options = task["options"]
+    reward_run.run(w, reward_dir, stages=("sft", "prm"))
+    c = joint_mwp.get_config()
+    c.task = task
+    j = c.joint
+    j.refiner_workdir, j.reward_workdir = refiner_dir, reward_dir
+    j.samples, j.turns, j.examples, j.val_problems, j.batch_size, j.bootstrap_samples = 2, 1, 12, 8, 16, 50
+    out = joint_run.run(c, str(tmp_path / "joint"), stages=("joint",))
+    labels = list(out["table"])
+    assert labels[:2] == ["first sample", "PRM rerank (K=2)"] and "REFINER loop (T=1)" in labels
+    assert any(label.startswith("locate + explain + revise + rerank") for label in labels)
+    equal = next(label for label in labels if label.startswith("PRM rerank, equal compute"))
+    assert [b["baseline"] for b in out["paired_deltas"]] == [equal, "REFINER loop (T=1)"]
+    rows = out["table"]
+    # Tokens: K samples cost twice one sample's; the joint rows spend at least the K samples' tokens.
+    assert rows["PRM rerank (K=2)"]["tokens_per_problem"] > rows["first sample"]["tokens_per_problem"]
+    for label, row in rows.items():
+        assert row["passes_per_problem"] > row["tokens_per_problem"] > 0
+        assert 0 <= row["fixed"] <= 12 and 0 <= row["broken"] <= 12
+        assert 0.0 <= row["final_answer_error"]["mean"] <= 1.0
+    assert rows[equal]["tokens_per_problem"] >= rows["PRM rerank (K=2)"]["tokens_per_problem"]
+    saved = json.load(open(tmp_path / "joint" / "joint" / "results.json"))
+    assert saved["settings"]["equal_compute_samples"] >= 2
+    assert os.path.getsize(tmp_path / "joint" / "joint" / "tokens.png") > 1000
+    assert "locate + explain + revise + rerank" in open(tmp_path / "joint" / "joint" / "results.md").read()
+
+
+def test_joint_config_errors_name_the_field(tmp_path):
+    c = joint_mwp.get_config()
+    c.joint.samples = 0
+    with pytest.raises(run_config.ConfigError, match="config.joint.samples"):
+        joint_run.run(c, str(tmp_path))
+    c = joint_mwp.get_config()
+    c.joint.reward_workdir = str(tmp_path / "nothing")
+    with pytest.raises(run_config.ConfigError, match="config.joint.reward_workdir: .* not a finished run"):
+        joint_run.run(c, str(tmp_path))
+    with pytest.raises(run_config.ConfigError, match="unknown stages"):
+        joint_run.run(joint_mwp.get_config(), str(tmp_path), stages=("train",))
