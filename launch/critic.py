@@ -3,8 +3,13 @@
     python launch/critic.py --workdir=RUN --input=in.jsonl --output=out.jsonl
     python launch/critic.py --workdir=RUN --input=in.jsonl --output=prompts.jsonl --render_prompt
 
+    python launch/critic.py --workdir=RUN --reward_workdir=REWARD_RUN --input=in.jsonl --output=out.jsonl
+
 Input: one JSON object per line, {"question": ..., "hypothesis": ...} plus an optional "id". Output: the same
-records with "feedback" added, and with --render_prompt a few-shot "prompt" that asks an LLM to revise the
+records with "feedback" added; with --reward_workdir, that reward run's PRM also scores every step and
+"located_step" names the first one below its threshold (-1: none; the threshold the run chose on validation
+samples for the first-error study, or --step_threshold), with "step_scores"; with --render_prompt a few-shot
+"prompt" that asks an LLM to revise the
 hypothesis given the feedback (built-in demonstrations for MWP only, other tasks get a zero-shot prompt;
 --demos=FILE.jsonl with question / hypothesis / feedback / revision per line gives or replaces them). Inputs longer
 than the critic's token budget are reported (raise it with --max_input). The output is written to a temp file
@@ -27,7 +32,36 @@ _DEMOS = flags.DEFINE_string("demos", None, "JSONL of demonstrations for the pro
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Critic batch size.")
 _MAX_INPUT = flags.DEFINE_integer("max_input", None, "Token budget of a critic input (question + hypothesis); "
                                   "default: the run's lengths.critic_input.")
+_REWARD = flags.DEFINE_string("reward_workdir", None, "A reward run whose PRM locates the first doubtful step.")
+_STEP_THRESHOLD = flags.DEFINE_float("step_threshold", None, "PRM step score below which a step is doubtful "
+                                     "(default: the reward run's, from eval/first_error_predictions.json).")
 flags.mark_flags_as_required(["workdir", "input", "output"])
+
+
+def _locator(reward_workdir: str, task, threshold: float | None):
+    """The PRM of a reward run as a `critic_tool.Locator`."""
+    import json
+
+    import numpy as np
+
+    from refiner_jax.reward import first_error
+    from refiner_jax.reward.scorer import load_reward_model
+
+    reward = run_config.load_run(reward_workdir)
+    if threshold is None:
+        path = os.path.join(reward_workdir, "eval", "first_error_predictions.json")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path} is missing: evaluate the reward run first or pass --step_threshold")
+        with open(path, encoding="utf-8") as f:
+            threshold = float(json.load(f)["thresholds"]["prm"])
+    prm = load_reward_model(os.path.join(reward_workdir, "prm"), reward.tokenizer(), task,
+                            reward.lengths["input"], reward.lengths["target"])
+
+    def locate(questions, hypotheses):
+        steps = prm.step_scores(questions, hypotheses)
+        return first_error.first_below([np.asarray(s) for s in steps], threshold).tolist(), steps
+
+    return locate
 
 
 def main(argv):
@@ -45,6 +79,7 @@ def main(argv):
         task = run.task()
         critic_tool.usable_records(task, _INPUT.value)  # fail when no record is usable before loading the model
         demos = critic_tool.read_demonstrations(_DEMOS.value) if _DEMOS.value else None
+        locate = _locator(_REWARD.value, task, _STEP_THRESHOLD.value) if _REWARD.value else None
     except (critic_tool.CriticInputError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}") from e
     if _RENDER.value and demos is None and not critic_tool.prompt_format(task.name).demonstrations:
@@ -54,7 +89,7 @@ def main(argv):
     if _MAX_INPUT.value is not None:
         critic.model.max_input = _MAX_INPUT.value
     result = critic_tool.run_tool(critic, critic.task, _INPUT.value, _OUTPUT.value, render=_RENDER.value,
-                                  demonstrations=demos)
+                                  demonstrations=demos, locate=locate)
     print(f"wrote feedback for {result.written} records to {_OUTPUT.value}")
     if result.problems:
         raise SystemExit(f"error: skipped {len(result.problems)} bad line(s) of {_INPUT.value} (listed above); "

@@ -55,6 +55,22 @@ def test_round_trip(tmp_path, mwp):
     assert critic.inputs[0] == "Tom has number0 apples . number0"
 
 
+def test_a_step_verifier_adds_the_located_step(tmp_path, mwp):
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    hyp = "#0: add ( number0, number1 ) | #1: add ( #0, number1 )"
+    _write(src, [json.dumps({"question": "Q2 number0 number1", "hypothesis": hyp})])
+    seen = []
+
+    def locate(questions, hypotheses):  # a stub verifier: the second step is the first below its threshold
+        seen.append((questions, hypotheses))
+        return [1], [[0.9, 0.2]]
+
+    critic_tool.run_tool(RecordingCritic(mwp), mwp, str(src), str(dst), locate=locate)
+    out = json.loads(dst.read_text())
+    assert out["located_step"] == 1 and out["step_scores"] == [0.9, 0.2] and out["feedback"] == "An operator is extra."
+    assert seen == [(["Q2 number0 number1"], [hyp])]
+
+
 @pytest.mark.parametrize("line, expected", [
     ('{"question": "q", "hypothesis": "h"', r":2: not valid JSON"),
     ('["question", "hypothesis"]', r":2: got a JSON list"),

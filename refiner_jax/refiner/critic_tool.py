@@ -194,18 +194,27 @@ def render_prompt(question: str, hypothesis: str, feedback: str, fmt: PromptForm
 # ----------------------------------------------------------------------------------------------- the tool
 
 
+# (questions, hypotheses) -> (the first doubtful step of each, -1 for none; each one's step scores)
+Locator = Callable[[list[str], list[str]], tuple[list[int], list[list[float]]]]
+
+
 def annotate(records: Sequence[dict], critic: critics.Critic, task: Task, fmt: PromptFormat | None = None,
-             source: str = "<input>") -> list[dict]:
-    """The records with the critic's "feedback" (and, with `fmt`, the refinement "prompt") added."""
+             source: str = "<input>", locate: Locator | None = None) -> list[dict]:
+    """The records with the critic's "feedback" (and, with `fmt`, the refinement "prompt"; with `locate`, a step
+    verifier's "located_step" and "step_scores") added."""
     examples = records_to_examples(records, task, source)
     feedback = critic.feedback(examples, [r["hypothesis"] for r in records]) if records else []
     if len(feedback) != len(records):
         raise ValueError(f"the critic returned {len(feedback)} feedback texts for {len(records)} records; a critic "
                          "must answer every hypothesis it is given, in order")
+    located, scores = (locate([r["question"] for r in records], [r["hypothesis"] for r in records])
+                       if locate is not None and records else (None, None))
     out = []
-    for r, f in zip(records, feedback):
+    for i, (r, f) in enumerate(zip(records, feedback)):
         record = {k: v for k, v in r.items() if k != "_line"}
         record["feedback"] = f
+        if located is not None:
+            record["located_step"], record["step_scores"] = int(located[i]), [float(v) for v in scores[i]]
         if fmt is not None:
             record["prompt"] = render_prompt(r["question"], r["hypothesis"], f, fmt)
         out.append(record)
@@ -256,7 +265,8 @@ def usable_records(task: Task, input_path: str) -> tuple[list[dict], list[str]]:
 
 def run_tool(critic: critics.Critic, task: Task, input_path: str, output_path: str, render: bool = False,
              demonstrations: Sequence[Demonstration] | None = None, chunk_size: int = 1024,
-             warn: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> ToolResult:
+             warn: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+             locate: Locator | None = None) -> ToolResult:
     """Reads `input_path`, writes its good records annotated to `output_path` (chunks of `chunk_size`, into a temp
     file that replaces `output_path` only once complete) and reports each bad line through `warn`, skipping it.
     Inputs over a trained critic's token budget are reported through `warn` too."""
@@ -273,7 +283,7 @@ def run_tool(critic: critics.Critic, task: Task, input_path: str, output_path: s
     written = 0
     with atomic_files.atomic_open(output_path) as f:
         for start in range(0, len(records), chunk_size):
-            for record in annotate(records[start:start + chunk_size], critic, task, fmt, input_path):
+            for record in annotate(records[start:start + chunk_size], critic, task, fmt, input_path, locate):
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
                 written += 1
     return ToolResult(written, tuple(problems))
