@@ -415,14 +415,15 @@ def plot_tokens(points: Mapping[str, tuple[float, float]], path: str) -> str:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7.0, 4.5))
+    fig = Figure(figsize=(7.0, 4.0 + 0.22 * len(points)))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    for name, (tokens, error) in points.items():
-        ax.scatter([tokens], [100 * error])
-        ax.annotate(name, (tokens, 100 * error), fontsize=7, xytext=(4, 2), textcoords="offset points")
+    markers = "osD^v<>p*hX"
+    for i, (name, (tokens, error)) in enumerate(points.items()):
+        ax.scatter([tokens], [100 * error], marker=markers[i % len(markers)], label=name)
     ax.set(xlabel="tokens per problem (all models)", ylabel="final-answer error (%)", title="Error against compute")
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return path
