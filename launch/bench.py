@@ -1,7 +1,11 @@
 """Benchmarks against transformers' PyTorch implementation; each subcommand prints one JSON object.
 
   python launch/bench.py sample --preset tiny|t5-small|gpt2-tiny|gpt2-small [--repeats 5]
-  python launch/bench.py train --preset tiny|t5-small [--batch 32 --input-len 128 --target-len 64]
+  python launch/bench.py train --preset tiny|t5-small|gpt2-tiny|llama-mini|gpt2-small|qwen2.5-0.5b
+      [--batch 32 --input-len 128 --target-len 64 --fill 0.5 --rows padded|packed]
+  python launch/bench.py profile --preset gpt2-small [--batch 32]   (no transformers: launch/decode_profile.py)
+
+The accelerator benchmark (bf16, remat, fsdp, MFU) is `launch/bench_accel.py`.
 
 Timings are wall-clock medians of interleaved runs (ours, theirs, ours, ...) after a warm-up, in one process;
 our compile time is reported separately. Not a test: numbers depend on the machine and its load. torch is held
@@ -25,13 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from launch import bench_support as support  # noqa: E402 (standard library only at import)
+from launch import decode_profile  # noqa: E402 (likewise)
 from refiner_jax import cpu  # noqa: E402 (standard library only: JAX has not started)
 
 # bench name -> (family, model preset): T5 (`t5_sampling.sample_t5`) or decoder-only (`sample_decoder`, GPT-2 shapes).
@@ -39,72 +43,18 @@ SAMPLE_PRESETS = {"tiny": ("t5", "t5-tiny"), "t5-small": ("t5", "t5-small"), "gp
                   "gpt2-small": ("decoder", "gpt2")}
 
 
-def _torch_setup(torch, args):
-    """Thread count and device of the transformers side; on CUDA, TF32 products like JAX's default precision."""
-    torch.set_num_threads(args.torch_threads)
-    if args.torch_device == "cuda":
-        if not torch.cuda.is_available():
-            raise SystemExit("--torch-device cuda: torch sees no CUDA device; use --torch-device cpu")
-        torch.set_float32_matmul_precision("high")
-    return torch.device(args.torch_device)
-
-
-def _torch_sync(torch, device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _median_interleaved(fns: dict, repeats: int) -> dict:
-    """Median seconds of each zero-argument callable, run round-robin `repeats` times after one warm-up round."""
-    for fn in fns.values():
-        fn()
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
-
-
-def _t5_sampler(name: str, seed: int, device):
-    """Our random T5 `name`, its `sample_t5`, and transformers' T5ForConditionalGeneration on the same weights."""
-    import jax
-    import jax.numpy as jnp
-    import transformers
-    from flax.linen import meta
-
-    from refiner_jax.models import hf, t5_sampling
-    from refiner_jax.models.t5 import T5
-    from refiner_jax.models.t5_config import preset
-
-    config = preset(name, dropout_rate=0.0)
-    dummy = jnp.ones((1, 8), jnp.int32)
-    params = meta.unbox(T5(config).init(jax.random.key(seed), dummy, dummy)["params"])
-    with tempfile.TemporaryDirectory() as tmp:
-        hf.save_t5(config, jax.device_get(params), tmp)
-        reference = transformers.T5ForConditionalGeneration.from_pretrained(tmp).eval().to(device)
-    return dict(config=config, params=params, sample=t5_sampling.sample_t5, reference=reference, echoes_prompt=False,
-                generation=dict(decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
-
-
-def _decoder_sampler(name: str, seed: int, device):
-    """Our random decoder-only LM `name`, its `sample_decoder`, and transformers' model on the same weights."""
-    import jax
-    import jax.numpy as jnp
-    import transformers
-    from flax.linen import meta
-
-    from refiner_jax.models import hf_decoder
-    from refiner_jax.models.decoder import Decoder
-    from refiner_jax.models.decoder_config import preset
+def _sampler(name: str, seed: int, device):
+    """Our random model `name`, its sampler (`sample_t5` or `sample_decoder`), and transformers' model on the same
+    weights."""
+    from refiner_jax.models import t5_sampling
     from refiner_jax.models.decoder_sampling import pad_id, sample_decoder
 
-    config = preset(name, dropout_rate=0.0)
-    params = meta.unbox(Decoder(config).init(jax.random.key(seed), jnp.ones((1, 8), jnp.int32))["params"])
-    with tempfile.TemporaryDirectory() as tmp:
-        hf_decoder.save_decoder(config, jax.device_get(params), tmp)
-        reference = transformers.AutoModelForCausalLM.from_pretrained(tmp).eval().to(device)
+    config = support.model_config(name, dropout_rate=0.0)
+    params = support.init_params(config, seed)
+    reference = support.transformers_model(config, params, device, train=False)
+    if support.FAMILY_OF[name] == "t5":
+        return dict(config=config, params=params, sample=t5_sampling.sample_t5, reference=reference,
+                    echoes_prompt=False, generation=dict(decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
     return dict(config=config, params=params, sample=sample_decoder, reference=reference, echoes_prompt=True,
                 generation=dict(pad_token_id=pad_id(config), eos_token_id=list(config.eos_ids)))
 
@@ -123,13 +73,12 @@ def bench_sample(args) -> dict:
     import jax
     import numpy as np
     import torch
-    import transformers
     from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-    device = _torch_setup(torch, args)
+    device = support.torch_setup(torch, args.torch_threads, args.torch_device)
     load_before = os.getloadavg()
     family, model_preset = SAMPLE_PRESETS[args.preset]
-    side = (_t5_sampler if family == "t5" else _decoder_sampler)(model_preset, args.seed, device)
+    side = _sampler(model_preset, args.seed, device)
     config, reference = side["config"], side["reference"]
     rng = np.random.default_rng(args.seed)
     devices = jax.devices()
@@ -156,25 +105,15 @@ def bench_sample(args) -> dict:
         def ours():
             return jax.block_until_ready(side["sample"](params, prompts, key, **knobs))
 
-        generation = transformers.GenerationConfig(
-            do_sample=sc["temperature"] > 0, num_beams=1, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-            num_return_sequences=sc["num_samples"], top_k=0 if sc["temperature"] > 0 else None,
-            top_p=sc["top_p"] if sc["temperature"] > 0 else None, temperature=sc["temperature"] or None,
-            **side["generation"])
-        input_ids = torch.from_numpy(prompts.astype(np.int64)).to(device)
-
-        def theirs():
-            with torch.inference_mode():
-                out = reference.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                                         generation_config=generation)
-            _torch_sync(torch, device)
-            return out
+        theirs = support.transformers_generate(torch, reference, prompts, device, new_tokens=new_tokens,
+                                               num_samples=sc["num_samples"], temperature=sc["temperature"],
+                                               top_p=sc["top_p"], generation_ids=side["generation"])
 
         start = time.perf_counter()
         first = ours()
         first_call = time.perf_counter() - start
         theirs_tokens = theirs()[:, skip:].cpu().numpy()
-        med = _median_interleaved({"ours": ours, "transformers": theirs}, args.repeats)
+        med = support.median_interleaved({"ours": ours, "transformers": theirs}, args.repeats)
         generated = sc["batch"] * sc["num_samples"] * new_tokens
         ours_tokens = np.asarray(first.tokens).reshape(-1, new_tokens)
         entry = {
@@ -218,59 +157,90 @@ def _add_sample_parser(subparsers) -> None:
     p.set_defaults(func=bench_sample)
 
 
-TRAIN_PRESETS = {"tiny": "t5-tiny", "t5-small": "t5-small"}
+TRAIN_PRESETS = ("tiny", "t5-small", "gpt2-tiny", "llama-mini", "gpt2-small", "qwen2.5-0.5b")
+_TRAIN_CONFIG = {"tiny": "t5-tiny", "gpt2-small": "gpt2"}  # bench name -> model preset where they differ
+
+
+def _train_pairs(rng, n: int, input_len: int, target_len: int, fill: float, vocab: int, eos: int):
+    """n (prompt, target) id rows ending with EOS, each part's length uniform in [fill * budget, budget]."""
+    def row(budget):
+        length = int(rng.integers(max(int(fill * budget), 2), budget + 1))
+        return rng.integers(3, vocab, size=length - 1).tolist() + [eos]
+
+    return [row(input_len) for _ in range(n)], [row(target_len) for _ in range(n)]
 
 
 def bench_train(args) -> dict:
-    """Training throughput of one jitted, donated AdamW step (`training.steps.make_train_step`) vs the same update
-    in transformers' PyTorch T5 (forward with labels, backward, clip, AdamW), on identical weights and batches.
+    """Training throughput of one jitted, donated AdamW step (`training.steps.make_train_step` on `pair_loss`) vs
+    the same update in transformers' PyTorch model (forward with labels, backward, clip, AdamW), on identical
+    weights and examples: T5 presets against `T5ForConditionalGeneration`, decoder-only ones (GPT-2, Llama, Qwen2
+    shapes) against `AutoModelForCausalLM` with the loss on the target tokens only.
 
-    Batch `--batch` rows of `--input-len` prompt and `--target-len` target tokens (no padding), dropout 0.1 in both.
+    `--batch` (prompt, target) pairs of `--input-len` + `--target-len` tokens, each part's length drawn uniformly
+    from [`--fill` x budget, budget] (1.0: no padding). transformers takes one pair per row, padded, with an
+    attention mask; ours the same (`--rows padded`) or, for decoder-only models, the pairs packed first-fit into
+    fewer rows with segment ids (`--rows packed`, as the jobs train). Dropout `--dropout` in both (default 0.1 for
+    T5, 0 for decoder-only models: transformers' Llama has no residual dropout to match ours).
+
     Ours splits the batch over every JAX device along `--mesh-axis`; on a CPU, `--host-devices` (default: one per
     core, or the largest smaller count that divides the batch) exposes the cores as that many XLA host devices
     first. XLA:CPU runs most elementwise work of a program on one thread and only its matrix products on every core,
-    so the per-device programs overlap that work.
+    so the per-device programs overlap that work. GFLOP/s is XLA's count of the gradient's operations (forward and
+    backward) over the step time, beside the machine's measured float32 product rate.
     """
     cores = os.cpu_count() or 1
     host_devices = args.host_devices or max(n for n in range(1, cores + 1) if args.batch % n == 0)
     cpu.expose_host_devices(host_devices)
     import jax
-    import jax.numpy as jnp
     import numpy as np
     import torch
-    import transformers
 
     from refiner_jax import sharding
-    from refiner_jax.models import hf
-    from refiner_jax.models.t5 import T5
-    from refiner_jax.models.t5_config import preset
-    from refiner_jax.training import create_train_state, make_optimizer, make_train_step, seq2seq_loss
+    from refiner_jax.models.language_model import LanguageModel
+    from refiner_jax.training import create_train_state, make_optimizer, make_train_step
+    from refiner_jax.training.steps import pair_loss
 
-    device = _torch_setup(torch, args)
+    device = support.torch_setup(torch, args.torch_threads, args.torch_device)
     torch.manual_seed(args.seed)
     load_before = os.getloadavg()
-    config = preset(TRAIN_PRESETS[args.preset], dropout_rate=0.1)
-    model = T5(config)
-    dummy = jnp.ones((1, 8), jnp.int32)
+    name = _TRAIN_CONFIG.get(args.preset, args.preset)
+    t5 = support.FAMILY_OF[name] == "t5"
+    dropout = args.dropout if args.dropout is not None else (0.1 if t5 else 0.0)
+    if args.rows == "packed" and t5:
+        raise SystemExit("--rows packed: only decoder-only models pack pairs into rows; T5 takes --rows padded")
+    config = support.model_config(name, dropout_rate=dropout)
+    lm = LanguageModel(config)
+    module = lm.module()
     if args.batch % jax.device_count():
         raise SystemExit(f"--batch {args.batch} does not split over the {jax.device_count()} JAX devices; use a "
                          f"multiple of {jax.device_count()} or fewer --host-devices")
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1, args.mesh_axis: -1})
     tx, schedule = make_optimizer({"name": "adamw", "learning_rate": 1e-4, "grad_clip_norm": 1.0})
-    state, shardings = create_train_state(lambda k: model.init(k, dummy, dummy)["params"], tx, mesh, seed=args.seed)
-    with tempfile.TemporaryDirectory() as tmp:
-        hf.save_t5(config, jax.device_get(state.params), tmp)
-        reference = transformers.T5ForConditionalGeneration.from_pretrained(tmp).train().to(device)
+    state, shardings = create_train_state(lambda k: module.init(k, *lm.init_args())["params"], tx, mesh,
+                                          seed=args.seed)
+    reference = support.transformers_model(config, jax.device_get(state.params), device, train=True)
     torch_opt = torch.optim.AdamW(reference.parameters(), lr=1e-4, weight_decay=0.0)
-    step = make_train_step(seq2seq_loss(model.apply), tx, mesh, shardings, schedule=schedule)
+    step = make_train_step(pair_loss(lm, module), tx, mesh, shardings, schedule=schedule)
 
     rng = np.random.default_rng(args.seed)
-    inputs = rng.integers(2, config.vocab_size, size=(args.batch, args.input_len), dtype=np.int32)
-    targets = rng.integers(2, config.vocab_size, size=(args.batch, args.target_len), dtype=np.int32)
-    targets[:, -1] = 1
-    batch = sharding.make_global_batch({"inputs": inputs, "targets": targets}, mesh)
-    torch_inputs = torch.from_numpy(inputs.astype(np.int64)).to(device)
-    torch_labels = torch.from_numpy(targets.astype(np.int64)).to(device)
+    eos = 1 if t5 else config.eos_ids[0]
+    prompts, targets = _train_pairs(rng, args.batch, args.input_len, args.target_len, args.fill,
+                                    config.vocab_size, eos)
+    padded = lm.pair_batch(prompts, targets, args.input_len, args.target_len, eos)
+    ours_batch = padded if args.rows == "padded" else lm.pair_batch(
+        prompts, targets, args.input_len, args.target_len, eos, pack=jax.device_count())
+    batch = sharding.make_global_batch(ours_batch, mesh)
+    flops = support.train_flops(pair_loss(lm, module), jax.device_get(state.params), ours_batch)
+    peak = support.matmul_peak("float32", 2048)
+    if t5:
+        inputs = torch.from_numpy(padded["inputs"].astype(np.int64)).to(device)
+        targets_t = torch.from_numpy(padded["targets"].astype(np.int64)).to(device)
+        feed = dict(input_ids=inputs, attention_mask=(inputs != 0).long(), labels=targets_t.masked_fill(
+            targets_t == 0, -100), decoder_attention_mask=(targets_t != 0).long())
+    else:
+        tokens = torch.from_numpy(padded["tokens"].astype(np.int64)).to(device)
+        feed = dict(input_ids=tokens, attention_mask=torch.from_numpy(padded["mask"]).long().to(device),
+                    labels=tokens.masked_fill(torch.from_numpy(padded["weights"] == 0).to(device), -100))
     holder = {"state": state}
 
     def ours():
@@ -279,8 +249,7 @@ def bench_train(args) -> dict:
 
     def theirs():
         torch_opt.zero_grad(set_to_none=True)
-        loss = reference(input_ids=torch_inputs, attention_mask=torch.ones_like(torch_inputs),
-                         labels=torch_labels).loss
+        loss = reference(**feed).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
         torch_opt.step()
@@ -290,10 +259,12 @@ def bench_train(args) -> dict:
     first_loss = ours()
     first_call = time.perf_counter() - start
     torch_first_loss = theirs()
-    med = _median_interleaved({"ours": ours, "transformers": theirs}, args.repeats)
-    tokens = args.batch * (args.input_len + args.target_len)
-    return {"benchmark": "train", "preset": args.preset, "config": TRAIN_PRESETS[args.preset],
-            "batch": args.batch, "input_len": args.input_len, "target_len": args.target_len,
+    med = support.median_interleaved({"ours": ours, "transformers": theirs}, args.repeats)
+    tokens = sum(len(p) + len(t) for p, t in zip(prompts, targets))  # real tokens, padding not counted
+    rows = next(iter(ours_batch.values())).shape[0]
+    return {"benchmark": "train", "preset": args.preset, "config": name, "family": "t5" if t5 else "decoder",
+            "batch": args.batch, "input_len": args.input_len, "target_len": args.target_len, "fill": args.fill,
+            "rows": args.rows, "ours_rows": rows, "dropout": dropout,
             "repeats": args.repeats, "torch_threads": args.torch_threads, "torch_device": args.torch_device,
             "cpu_cores": os.cpu_count(), "jax_devices": str(jax.devices()), "mesh": dict(mesh.shape),
             "malloc": cpu.malloc_in_use(),
@@ -304,16 +275,24 @@ def bench_train(args) -> dict:
             "transformers_tokens_per_s": round(tokens / med["transformers"], 1),
             "speedup": round(med["transformers"] / med["ours"], 2),
             "ours_compile_s": round(max(first_call - med["ours"], 0.0), 2),
+            "ours_gflop_per_step": None if flops is None else round(flops / 1e9, 2),
+            "ours_gflops_per_s": None if flops is None else round(flops / med["ours"] / 1e9, 1),
+            "matmul_peak_gflops_per_s": round(peak["tflops"] * 1e3, 1),
             "first_step_loss": {"ours": round(first_loss, 4), "transformers": round(torch_first_loss, 4)},
             "load_average_1min_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
 
 
 def _add_train_parser(subparsers) -> None:
     p = subparsers.add_parser("train", help="training-step throughput vs transformers (PyTorch)")
-    p.add_argument("--preset", choices=sorted(TRAIN_PRESETS), default="t5-small")
+    p.add_argument("--preset", choices=TRAIN_PRESETS, default="t5-small")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--target-len", type=int, default=64)
+    p.add_argument("--fill", type=float, default=1.0,
+                   help="each prompt and target is this share of its budget or longer (uniform; 1.0: full rows)")
+    p.add_argument("--rows", choices=("padded", "packed"), default="padded",
+                   help="ours: one pair per padded row, or pairs packed into rows (decoder-only models)")
+    p.add_argument("--dropout", type=float, help="default: 0.1 for T5, 0.0 for decoder-only models")
     p.add_argument("--repeats", type=int, default=5, help="timed steps per implementation (median reported)")
     p.add_argument("--torch-threads", type=int, default=2)
     p.add_argument("--torch-device", choices=("cpu", "cuda"), default="cpu")
@@ -331,6 +310,7 @@ def main(argv=None) -> None:
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_sample_parser(subparsers)
     _add_train_parser(subparsers)
+    decode_profile.add_parser(subparsers)
     args = parser.parse_args(argv)
     print(json.dumps(args.func(args), indent=2))
 

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from refiner_jax.models.decoder_config import DecoderConfig
-from refiner_jax.models.layers import MASK_VALUE, Dropout, rms_norm
+from refiner_jax.models.layers import MASK_VALUE, Dropout, attend, dense, rms_norm
 
 Array = jax.Array
 
@@ -166,11 +166,16 @@ class Attention(nn.Module):
 
     def project(self, x: Array, positions: Array) -> tuple[Array, Array, Array]:
         """`x` [batch, len, d_model] -> queries `[batch, len, heads, head_dim]` and keys, values
-        `[batch, kv_heads, len, head_dim]` (heads-major, the cache layout), rotary positions applied."""
+        `[batch, kv_heads, len, head_dim]` (heads-major, the cache layout), rotary positions applied. The three
+        projections run as one row-major 2-D product (`layers.dense`), as in `models.t5`."""
         cfg = self.config
         dt = cfg.compute_dtype
-        x = x.astype(dt)
-        q, k, v = (jnp.einsum("bld,dhk->blhk", x, w.astype(dt)) for w in (self.query, self.key, self.value))
+        b, length, d = x.shape
+        h, kv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        kernel = jnp.concatenate([w.astype(dt).reshape(d, -1) for w in (self.query, self.key, self.value)], axis=1)
+        y = dense(x.astype(dt).reshape(b * length, d), kernel)  # [batch * len, (heads + 2 kv_heads) * head_dim]
+        q, k, v = jnp.split(y, [h * hd, (h + kv) * hd], axis=1)
+        q, k, v = q.reshape(b, length, h, hd), k.reshape(b, length, kv, hd), v.reshape(b, length, kv, hd)
         if cfg.qkv_bias:
             q, k, v = q + self.query_bias.astype(dt), k + self.key_bias.astype(dt), v + self.value_bias.astype(dt)
         if cfg.position == "rope":
@@ -183,7 +188,8 @@ class Attention(nn.Module):
 
     def attend(self, q: Array, k: Array, v: Array, bias: Array, deterministic: bool) -> Array:
         """Queries `q` [batch, q, heads, head_dim] over keys and values `[batch, kv_heads, k, head_dim]`, with
-        `bias` (float32, `[batch, 1, q or 1, k]`) -> `[batch, q, d_model]`."""
+        `bias` (float32, `[batch, 1, q or 1, k]`) -> `[batch, q, d_model]`, through `layers.attend` (its gradient
+        written out, the dropout mask recomputed from its seed)."""
         cfg = self.config
         dt = cfg.compute_dtype
         b, q_len, h, hd = q.shape
@@ -193,13 +199,13 @@ class Attention(nn.Module):
         # with a kv head's query groups stacked as rows, [batch, kv, groups * q, head_dim]: XLA:CPU runs them about
         # twice as fast as with the group and query axes apart (gpt2-tiny prefill of 32 x 128 tokens).
         q = q.reshape(b, q_len, kv, groups, hd).transpose(0, 2, 3, 1, 4).reshape(b, kv, groups * q_len, hd)
-        logits = jnp.einsum("bhmd,bhkd->bhmk", q, k.astype(dt)).astype(jnp.float32) * hd ** -0.5
-        logits = logits.reshape(b, kv, groups, q_len, k_len)
-        weights = jax.nn.softmax(logits + bias[:, :, None], axis=-1).astype(dt)  # [batch, kv, groups, q, k]
-        weights = self.dropout(weights, deterministic=deterministic)
-        ctx = jnp.einsum("bhmk,bhkd->bhmd", weights.reshape(b, kv, groups * q_len, k_len), v.astype(dt))
+        q = q * jnp.asarray(hd ** -0.5, dt)
+        if groups > 1 and bias.shape[2] > 1:  # [batch, 1, q, k] -> one row of bias per stacked query row
+            bias = jnp.tile(bias, (1, 1, groups, 1))
+        seed = self.dropout.seed(b * h * q_len * k_len, deterministic)
+        ctx = attend(q, k.astype(dt), v.astype(dt), bias, seed, cfg.dropout_rate)  # [batch, kv, groups * q, hd]
         ctx = ctx.reshape(b, kv, groups, q_len, hd).transpose(0, 3, 1, 2, 4).reshape(b, q_len, h * hd)
-        out = ctx @ self.out.astype(dt).reshape(h * hd, cfg.d_model)
+        out = dense(ctx, self.out.astype(dt).reshape(h * hd, cfg.d_model))
         if cfg.out_bias:
             out = out + self.out_bias.astype(dt)
         return nn.with_logical_constraint(out, _EMBED)
@@ -215,9 +221,9 @@ class MLP(nn.Module):
         cfg = self.config
         dt = cfg.compute_dtype
 
-        def dense(name: str, y: Array, axes: tuple[str, str], std: float) -> Array:
+        def project(name: str, y: Array, axes: tuple[str, str], std: float) -> Array:
             shape = (y.shape[-1], cfg.d_ff if axes[1] == "mlp" else cfg.d_model)
-            y = y @ _param(self, name, _normal(std), axes, shape).astype(dt)
+            y = dense(y, _param(self, name, _normal(std), axes, shape).astype(dt))
             if cfg.mlp_bias:
                 y = y + _param(self, f"{name}_bias", _ZEROS, axes[1:], shape[1:]).astype(dt)
             return y
@@ -225,11 +231,11 @@ class MLP(nn.Module):
         x = x.astype(dt)
         std = cfg.initializer_range
         if cfg.mlp == "swiglu":
-            h = jax.nn.silu(dense("wi_0", x, ("embed", "mlp"), std)) * dense("wi_1", x, ("embed", "mlp"), std)
+            h = jax.nn.silu(project("wi_0", x, ("embed", "mlp"), std)) * project("wi_1", x, ("embed", "mlp"), std)
         else:
-            h = jax.nn.gelu(dense("wi", x, ("embed", "mlp"), std), approximate=True)
+            h = jax.nn.gelu(project("wi", x, ("embed", "mlp"), std), approximate=True)
         h = nn.with_logical_constraint(h, ("batch", "activation_length", "activation_mlp"))
-        return dense("wo", h, ("mlp", "embed"), std / np.sqrt(2 * cfg.num_layers))
+        return project("wo", h, ("mlp", "embed"), std / np.sqrt(2 * cfg.num_layers))
 
 
 class Layer(nn.Module):
@@ -322,7 +328,7 @@ class Decoder(nn.Module):
         """Hidden states `[batch, len, d_model]` -> logits `[batch, len, vocab]` (float32)."""
         dt = self.config.compute_dtype
         kernel = self.token_embedder.astype(dt).T if self.config.tie_embeddings else self.lm_head.astype(dt)
-        logits = (h.astype(dt) @ kernel).astype(jnp.float32)
+        logits = dense(h.astype(dt), kernel).astype(jnp.float32)
         return nn.with_logical_constraint(logits, ("batch", "activation_length", "activation_vocab"))
 
     def prefill(self, tokens: Array, mask: Array, cache: dict) -> tuple[Array, dict]:

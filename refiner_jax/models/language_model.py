@@ -257,17 +257,17 @@ class LanguageModel:
         return logits[:, :-1], tokens[:, 1:], batch["weights"][:, 1:]
 
     def sample(self, params: Any, prompts: np.ndarray, rng: jax.Array, *, max_new_tokens: int, num_samples: int,
-               temperature: float, top_p: float, mesh=None, target_prefix: np.ndarray | None = None
-               ) -> sampling.SampleOutput:
+               temperature: float, top_p: float, mesh=None, target_prefix: np.ndarray | None = None,
+               min_new_tokens: int = 0) -> sampling.SampleOutput:
         """Continuations `[b, num_samples, max_new_tokens]` of right-padded prompts [b, len] (pad id 0). With
         `target_prefix` [b, L] (right-padded ids, no EOS), each target starts with those tokens, forced, and the
-        samples are what follows them."""
+        samples are what follows them. EOS is suppressed before `min_new_tokens` tokens."""
         if self.family == "t5":
             return t5_sampling.sample_t5(params, prompts, rng, config=self.config, num_samples=num_samples,
                                          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                         mesh=mesh, target_prefix=target_prefix)
+                                         min_new_tokens=min_new_tokens, mesh=mesh, target_prefix=target_prefix)
         if target_prefix is not None:  # the decoder reads prompt then target as one sequence: prefill both
             prompts = _joined(np.asarray(prompts), np.asarray(target_prefix))
         return sample_decoder(params, prompts, rng, config=self.config, max_new_tokens=max_new_tokens,
                               num_samples=num_samples, temperature=temperature, top_p=top_p,
-                              prompt_mask=prompts != 0, mesh=mesh)
+                              min_new_tokens=min_new_tokens, prompt_mask=prompts != 0, mesh=mesh)
