@@ -107,20 +107,27 @@ def transformers_generate(torch, reference, prompts, device, *, new_tokens: int,
     return generate
 
 
+def median_seconds(fn, *args, repeats: int) -> float:
+    """Median seconds of `fn(*args)`, blocked until its result is ready, over `repeats` calls after one warm-up."""
+    import jax
+
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def matmul_peak(dtype: str, n: int, repeats: int = 10) -> dict:
     """The default device's measured rate of one n x n x n product in `dtype` (median of `repeats` after a warm-up;
     random operands, since zeros run faster on some chips): the ceiling that MFU and GFLOP/s are read against."""
     import jax
 
     a, b = (jax.random.normal(k, (n, n), dtype) for k in jax.random.split(jax.random.key(0), 2))
-    product = jax.jit(lambda a, b: a @ b)
-    product(a, b).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        product(a, b).block_until_ready()
-        times.append(time.perf_counter() - start)
-    return {"dtype": dtype, "n": n, "tflops": round(2 * n ** 3 / statistics.median(times) / 1e12, 3)}
+    seconds = median_seconds(jax.jit(lambda a, b: a @ b), a, b, repeats=repeats)
+    return {"dtype": dtype, "n": n, "tflops": round(2 * n ** 3 / seconds / 1e12, 3)}
 
 
 def copy_bandwidth(megabytes: int, repeats: int = 10) -> dict:
@@ -130,14 +137,8 @@ def copy_bandwidth(megabytes: int, repeats: int = 10) -> dict:
     import jax.numpy as jnp
 
     x = jax.random.normal(jax.random.key(0), (megabytes * 2 ** 18,), jnp.float32)
-    step = jax.jit(lambda x: x + 1)
-    step(x).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step(x).block_until_ready()
-        times.append(time.perf_counter() - start)
-    return {"megabytes": megabytes, "gb_per_s": round(2 * x.nbytes / statistics.median(times) / 1e9, 1)}
+    seconds = median_seconds(jax.jit(lambda x: x + 1), x, repeats=repeats)
+    return {"megabytes": megabytes, "gb_per_s": round(2 * x.nbytes / seconds / 1e9, 1)}
 
 
 def train_flops(loss_fn, params, batch) -> float | None:

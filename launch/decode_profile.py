@@ -12,22 +12,8 @@ weight products' FLOPs only: attention's are small beside them at these lengths.
 from __future__ import annotations
 
 import os
-import time
 
 from launch import bench_support as support
-
-
-def _timed(fn, *args, repeats: int) -> float:
-    """Median seconds of `fn(*args)` (blocked) after one warm-up call."""
-    import jax
-
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
 
 
 def _kernels(params) -> list:
@@ -65,8 +51,8 @@ def profile_decode(args) -> dict:
         return lambda: sample_decoder(params, prompts, key, config=config, max_new_tokens=new, min_new_tokens=new,
                                       temperature=0.0)
 
-    prefill_s = _timed(whole(1), repeats=args.repeats)
-    run_s = _timed(whole(n), repeats=args.repeats)
+    prefill_s = support.median_seconds(whole(1), repeats=args.repeats)
+    run_s = support.median_seconds(whole(n), repeats=args.repeats)
     step_ms = (run_s - prefill_s) / (n - 1) * 1e3
 
     kernels = _kernels(params)
@@ -84,7 +70,7 @@ def profile_decode(args) -> dict:
         return jax.lax.fori_loop(0, n, step, x)
 
     x0 = jnp.asarray(np.random.default_rng(1).normal(size=(b, width)), jnp.float32)
-    products_ms = _timed(products, kernels, output, x0, repeats=args.repeats) / n * 1e3
+    products_ms = support.median_seconds(products, kernels, output, x0, repeats=args.repeats) / n * 1e3
 
     heads, kv_heads, head_dim, slots = config.num_heads, config.num_kv_heads, config.head_dim, p + n
     cache = jnp.asarray(np.random.default_rng(2).normal(size=(config.num_layers, 2, b, kv_heads, slots, head_dim)),
@@ -104,7 +90,7 @@ def profile_decode(args) -> dict:
         return jax.lax.fori_loop(0, n, step, q)
 
     q0 = jnp.asarray(np.random.default_rng(3).normal(size=(b, heads, head_dim)), jnp.float32)
-    attention_ms = _timed(attention, cache, q0, repeats=args.repeats) / n * 1e3
+    attention_ms = support.median_seconds(attention, cache, q0, repeats=args.repeats) / n * 1e3
 
     logits0 = jnp.asarray(np.random.default_rng(4).normal(size=(b, config.vocab_size)) * 3, jnp.float32)
 
@@ -118,7 +104,7 @@ def profile_decode(args) -> dict:
                     top_k=jnp.int32(0), top_p=jnp.float32(top_p), eos_ids=config.eos_ids, max_top_k=64)
                 return logits.at[jnp.arange(b), token].add(-0.5), total + token
             return jax.lax.fori_loop(0, n, step, (logits, jnp.zeros((b,), jnp.int32)))
-        return _timed(run, logits0, repeats=args.repeats) / n * 1e3
+        return support.median_seconds(run, logits0, repeats=args.repeats) / n * 1e3
 
     greedy_ms, nucleus_ms = choice(0.0, 1.0), choice(1.0, 0.5)
     peak = support.matmul_peak("float32", 2048)
