@@ -5,8 +5,9 @@ at equal compute (`runs/joint_run.py`).
   --config=configs/joint_mwp.py    the trace-error variant of the embedded generator (`rm_mwp.py:trace`), K = 16
 
 `--config.joint.refiner_workdir=DIR --config.joint.reward_workdir=DIR` reuse finished runs (a REFINER run of
-`configs/refiner_mwp.py`, a reward run of `configs/rm_mwp.py:trace`); left empty, the job trains them first, in
-`<workdir>/refiner` and `<workdir>/reward`, with the configs below.
+`configs/refiner_mwp.py`, a reward run of `configs/rm_mwp.py:trace`); left empty, the job first trains what it uses
+of them (the REFINER run's warm-up, critic and loop; the reward run's SFT policy and PRM), in `<workdir>/refiner` and
+`<workdir>/reward`, with the configs below.
 """
 import importlib.util
 import os
@@ -28,6 +29,7 @@ def get_config(arg: str | None = None):
     c.pipeline = "joint"
     c.seed = 0
     c.reward_run = _sibling("rm_mwp", "trace")
+    c.reward_run.reward.labels = "checker"  # the joint rows use the checker-labelled PRM only
     c.refiner_run = _sibling("refiner_mwp")
     c.refiner_run.task = c.reward_run.task.to_dict()  # both runs on the same problems
     c.task = c.reward_run.task.to_dict()

@@ -1,6 +1,9 @@
 """REFINER on Moral Stories: the generator writes the norm (z) and the moral action (y); the critic flags
 contradictions and semantically misaligned norms. Only the dev and test files are public here, so this trains on
 dev and tests on test (`task.data_dir` = the folder holding actor_dev.json / actor_test.json).
+
+  --config=configs/refiner_moral.py      decoder-only models (`llama-mini`, as the MWP default)
+  --config=configs/refiner_moral.py:t5   t5-tiny models
 """
 from refiner_jax.tasks.base import shared_data_dir
 from refiner_jax.runs import run_config as base
@@ -16,6 +19,10 @@ def get_config(arg: str | None = None):
     config.lengths.critic_input = 224
     config.lengths.target = 64
     config.lengths.feedback = 48
-    if arg:
-        raise ValueError(f"refiner_moral.py has no variant {arg!r}")
+    variant = arg or "default"
+    if variant == "default":
+        config.model.family = "decoder"
+        config.model.preset = "llama-mini"
+    elif variant != "t5":
+        raise ValueError(f"unknown variant {variant!r} for refiner_moral.py; use default or t5")
     return config

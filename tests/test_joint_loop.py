@@ -71,6 +71,23 @@ def test_variants_switch_each_part():
     assert calls[0][1] == [""]  # explanation only: the critic's whole feedback, nothing forced
 
 
+def test_revision_replaces_the_sample_without_rerank():
+    """Without reranking a revision is the answer even when the verifier scores it below the sample it replaces;
+    problems the gate kept are untouched, and the revision is still scored (its score is the confidence)."""
+    examples = [_example("a"), _example("b")]
+    samples = [[GOLD, WRONG], [WRONG, GOLD]]
+    steps = [[np.array([0.95, 0.9]), np.array([0.9, 0.1])], [np.array([0.8, 0.3]), np.array([0.2, 0.9])]]
+    kwargs = dict(task=mwp.MWPTask(), generate=lambda inputs, prefixes: [WRONG.replace("add", "divide")] * len(inputs),
+                  critic=_Critic(), score_steps=lambda prompts, solutions: [np.array([0.25, 0.2]) for _ in solutions],
+                  count_tokens=lambda t: len(t.split()), location_feedback=lambda k: f"The operator in #{k} is wrong.",
+                  gate=0.5, step_threshold=0.4)
+    kept = joint.joint_refine(examples, samples, steps, variant=joint.Variant(), **kwargs)
+    assert kept.chosen == [GOLD, WRONG] and kept.confidence.tolist() == [0.9, 0.3]  # 0.2 < 0.3: the sample stays
+    replaced = joint.joint_refine(examples, samples, steps, variant=joint.Variant(rerank=False), **kwargs)
+    assert replaced.chosen == [GOLD, WRONG.replace("add", "divide")] and replaced.confidence.tolist() == [0.9, 0.2]
+    assert replaced.compute.passes.tolist() == kept.compute.passes.tolist()  # the same work, another choice
+
+
 def test_helpers_by_hand():
     assert joint.locate(np.array([0.9, 0.2, 0.1]), 0.5) == 1
     assert joint.locate(np.array([0.9, 0.7]), 0.5) == 1  # none below: the lowest

@@ -62,3 +62,17 @@ def test_joint_config_errors_name_the_field(tmp_path):
         joint_run.run(c, str(tmp_path))
     with pytest.raises(run_config.ConfigError, match="unknown stages"):
         joint_run.run(joint_mwp.get_config(), str(tmp_path), stages=("train",))
+
+
+def test_joint_job_trains_only_what_its_rows_use(tmp_path, monkeypatch):
+    """Left to train both runs, the joint job trains the REFINER run's warm-up, critic and loop and the reward run's
+    SFT policy and checker-labelled PRM, in its workdir; their own evaluations, the matched generator, the ORM, the
+    rollout PRM and expert iteration are not run."""
+    calls = []
+    monkeypatch.setattr(refiner_run, "run", lambda config, workdir, stages: calls.append(("refiner", workdir, stages)))
+    monkeypatch.setattr(reward_run, "run", lambda config, workdir, stages: calls.append(("reward", workdir, stages)))
+    c = joint_mwp.get_config()
+    assert c.reward_run.reward.labels == "checker"
+    joint_run.run(c, str(tmp_path), stages=("refiner", "reward"))
+    assert calls == [("refiner", str(tmp_path / "refiner"), ("warmup", "critic", "refiner")),
+                     ("reward", str(tmp_path / "reward"), ("sft", "prm"))]

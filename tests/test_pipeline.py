@@ -382,7 +382,8 @@ def test_model_critic_prefers_no_hint_when_it_is_the_more_likely_sequence():
 @pytest.mark.parametrize("path,variant,data", [
     ("refiner_mwp.py", None, ""), ("refiner_mwp.py", "svamp", "svamp/mawps-asdiv-a_svamp"),
     ("refiner_mwp.py", "paper", "svamp/mawps-asdiv-a_svamp"), ("refiner_snlr.py", None, ""),
-    ("refiner_snlr.py", "released", "refiner/srn"), ("refiner_moral.py", None, "refiner/moral_stories"),
+    ("refiner_snlr.py", "released", "refiner/srn"), ("refiner_snlr.py", "t5", ""),
+    ("refiner_moral.py", None, "refiner/moral_stories"), ("refiner_moral.py", "t5", "refiner/moral_stories"),
     ("refiner_mwp.py", "t5", ""), ("rm_mwp.py", None, ""), ("rm_mwp.py", "t5", ""), ("rm_mwp.py", "small", ""),
     ("rm_gsm8k.py", None, "gsm8k"),
     ("rm_gsm8k.py", "paper", "gsm8k")])

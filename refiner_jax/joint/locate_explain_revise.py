@@ -35,11 +35,14 @@ _SENTENCE = re.compile(r"[^.!?]*[.!?]")
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """Which parts run: `locate` (revise from the located step, forced prefix), `explain` (the critic's feedback;
-    without it the location sentence), `gate` (only problems whose best score is below the gate)."""
+    without it the location sentence), `gate` (only problems whose best score is below the gate), `rerank` (the
+    revision is kept only when the verifier scores it above the best sample; without it the revision replaces the
+    sample, so the verifier decides only which problems to revise)."""
 
     locate: bool = True
     explain: bool = True
     gate: bool = True
+    rerank: bool = True
 
 
 @dataclasses.dataclass
@@ -147,6 +150,6 @@ def joint_refine(examples: Sequence[Example], samples: Sequence[Sequence[str]], 
     confidence = top.copy()
     for i, steps in zip(revise, scores):
         compute.scored(i)
-        if solution_score(steps) > confidence[i]:
+        if not variant.rerank or solution_score(steps) > confidence[i]:
             chosen[i], confidence[i] = revisions[i], solution_score(steps)
     return JointResult(chosen, confidence, revisions, located, feedback, compute)

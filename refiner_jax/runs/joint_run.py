@@ -2,8 +2,10 @@
 run's PRM on the same problems, combined by `joint.locate_explain_revise` and compared with each part alone at
 equal compute.
 
-    refiner  the REFINER run (`config.refiner_run`), unless `joint.refiner_workdir` names a finished one
-    reward   the reward run (`config.reward_run`), unless `joint.reward_workdir` names a finished one
+    refiner  the REFINER run's warm-up, critic and REFINER loop (`config.refiner_run`), unless
+             `joint.refiner_workdir` names a finished run
+    reward   the reward run's SFT policy and PRM (`config.reward_run`), unless `joint.reward_workdir` names a
+             finished run
     joint    K (and up to 2K) samples of the REFINER generator per test problem, scored by the PRM, then every row
              of the table; `joint/results.md`, `results.json`, `tokens.png`
 
@@ -33,6 +35,10 @@ from refiner_jax.tasks import get_task
 from refiner_jax.tasks.base import Example, Task
 
 STAGES = ("refiner", "reward", "joint")
+# What the joint rows use of each run; the runs' own evaluations, baselines and the reward job's ORM and expert
+# iteration are left to those jobs (`launch/train.py` on the same workdir adds them).
+REFINER_STAGES = ("warmup", "critic", "refiner")
+REWARD_STAGES = ("sft", "prm")
 FULL = "locate + explain + revise + rerank"
 
 
@@ -74,9 +80,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: Sequence[str] =
     refiner_dir = j.refiner_workdir or os.path.join(workdir, "refiner")
     reward_dir = j.reward_workdir or os.path.join(workdir, "reward")
     if not j.refiner_workdir and "refiner" in stages:
-        refiner_run.run(config.refiner_run, refiner_dir)
+        refiner_run.run(config.refiner_run, refiner_dir, REFINER_STAGES)
     if not j.reward_workdir and "reward" in stages:
-        reward_run.run(config.reward_run, reward_dir)
+        reward_run.run(config.reward_run, reward_dir, REWARD_STAGES)
     if "joint" not in stages:
         return {}
     out_dir = os.path.join(workdir, "joint")
@@ -180,7 +186,8 @@ def evaluate(config, out_dir: str, refiner_dir: str, reward_dir: str) -> dict:
     rows[f"PRM rerank (K={k})"] = rerank_row(k)
     variants = {FULL: joint.Variant(), f"{FULL}, no gate": joint.Variant(gate=False),
                 "locate only (\"#k is wrong\") + revise + rerank": joint.Variant(explain=False),
-                "explain only (the critic's feedback) + revise + rerank": joint.Variant(locate=False)}
+                "explain only (the critic's feedback) + revise + rerank": joint.Variant(locate=False),
+                "locate + explain + revise, the revision replaces the sample": joint.Variant(rerank=False)}
     for label, variant in variants.items():
         out = joint.joint_refine(test, [hs[:k] for hs in pool], [ss[:k] for ss in pool_steps], task=task,
                                  generate=m.generate, critic=m.critic, score_steps=m.prm.step_scores,
