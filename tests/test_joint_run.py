@@ -76,3 +76,14 @@ def test_joint_job_trains_only_what_its_rows_use(tmp_path, monkeypatch):
     joint_run.run(c, str(tmp_path), stages=("refiner", "reward"))
     assert calls == [("refiner", str(tmp_path / "refiner"), ("warmup", "critic", "refiner")),
                      ("reward", str(tmp_path / "reward"), ("sft", "prm"))]
+
+
+def test_the_jobs_seed_seeds_the_runs_it_trains():
+    """`--config.seed=S` reaches the REFINER and reward runs the job trains; a run's own seed, given, wins."""
+    c = joint_mwp.get_config()
+    c.seed = 2
+    assert (c.refiner_run.seed, c.reward_run.seed) == (2, 2)
+    c.refiner_run.seed = 5
+    c.seed = 3
+    assert (c.seed, c.refiner_run.seed, c.reward_run.seed) == (3, 5, 3)
+    assert c.to_dict()["reward_run"]["seed"] == 3
