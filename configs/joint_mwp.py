@@ -34,7 +34,7 @@ def get_config(arg: str | None = None):
     c.refiner_run.task = c.reward_run.task.to_dict()  # both runs on the same problems
     c.task = c.reward_run.task.to_dict()
     # One seed for the whole job: the runs it trains follow `--config.seed` unless given their own
-    # (`--config.refiner_run.seed=S`).
+    # (`--config.refiner_run.seed=S`); `+ 0` makes each a derived reference, so setting a run's seed leaves the job's.
     c.refiner_run.seed = c.get_ref("seed") + 0
     c.reward_run.seed = c.get_ref("seed") + 0
     # samples: K per test problem from the REFINER generator (temperature, top_p); turns: the REFINER loop's; the gate
