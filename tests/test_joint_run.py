@@ -36,7 +36,8 @@ def test_joint_run_on_tiny_runs(tmp_path):
     assert labels[:2] == ["first sample", "PRM rerank (K=2)"] and "REFINER loop (T=1)" in labels
     assert any(label.startswith("locate + explain + revise + rerank") for label in labels)
     equal = next(label for label in labels if label.startswith("PRM rerank, equal compute"))
-    assert [b["baseline"] for b in out["paired_deltas"]] == [equal, "REFINER loop (T=1)"]
+    loop_equal = next(label for label in labels if label.startswith("REFINER loop, equal compute"))
+    assert [b["baseline"] for b in out["paired_deltas"]] == [equal, "REFINER loop (T=1)", loop_equal]
     rows = out["table"]
     # Tokens: K samples cost twice one sample's; the joint rows spend at least the K samples' tokens.
     assert rows["PRM rerank (K=2)"]["tokens_per_problem"] > rows["first sample"]["tokens_per_problem"]
@@ -45,6 +46,11 @@ def test_joint_run_on_tiny_runs(tmp_path):
         assert 0 <= row["fixed"] <= 12 and 0 <= row["broken"] <= 12
         assert 0.0 <= row["final_answer_error"]["mean"] <= 1.0
     assert rows[equal]["tokens_per_problem"] >= rows["PRM rerank (K=2)"]["tokens_per_problem"]
+    # The voted loop takes the fewest of the 2K = 4 samples whose trajectories spend the full system's tokens.
+    full = next(label for label in labels if label.startswith("locate + explain + revise + rerank ("))
+    starts = json.load(open(tmp_path / "joint" / "joint" / "results.json"))["settings"]["refiner_loop_starts"]
+    assert f"({starts} sampled starts" in loop_equal and 1 <= starts <= 4
+    assert starts == 4 or rows[loop_equal]["tokens_per_problem"] >= rows[full]["tokens_per_problem"]
     saved = json.load(open(tmp_path / "joint" / "joint" / "results.json"))
     assert saved["settings"]["equal_compute_samples"] >= 2
     assert os.path.getsize(tmp_path / "joint" / "joint" / "tokens.png") > 1000

@@ -43,9 +43,11 @@ def _metrics(workdir):
     return [keep(json.loads(line)) for line in open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8")]
 
 
-# data 4 runs under -m slow (a whole run over two processes takes minutes on two cores); its hand-summed gradients
-# are also checked against one device in tests/test_train_steps.py.
-@pytest.mark.parametrize("mesh", ["2,2,1", pytest.param("4,1,1", marks=pytest.mark.slow)])
+# Both meshes run under -m slow: three whole runs (one process, then two) take about five minutes of the two cores,
+# a third of the default suite. The default suite keeps the two-process start-up and lock agreement (below), and
+# the sharded train steps against one device (tests/test_train_steps.py, data 4's hand-summed gradients included).
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", ["2,2,1", "4,1,1"])
 def test_two_processes_train_like_one(tmp_path, mesh):
     one, two = tmp_path / "one", tmp_path / "two"
     _finish(_start(one, mesh), "the one-process run")

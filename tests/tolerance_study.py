@@ -25,7 +25,7 @@ CONFIGS = {  # name: (environment, pytest arguments)
     "devices4": ({"REFINER_TEST_DEVICES": "4"}, SHARDED),
     "devices2": ({"REFINER_TEST_DEVICES": "2"}, SHARDED),
     "devices2_one_thread": ({"REFINER_TEST_DEVICES": "2", **ONE_CORE}, SHARDED),
-    "multiprocess": ({}, ["tests/test_multiprocess.py"]),
+    "multiprocess": ({}, ["-m", "slow", "tests/test_multiprocess.py::test_two_processes_train_like_one[2,2,1]"]),
 }
 
 

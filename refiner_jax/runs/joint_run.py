@@ -11,7 +11,8 @@ equal compute.
 
 The gate (on the best sample's PRM score) and the step threshold (first-error F1) are chosen on validation samples.
 Compute is counted per problem for every row; "PRM rerank, equal compute" draws as many samples as the full system
-spends tokens. The models never see a problem's values (numbers are masked), so runs trained on the plain
+spends tokens, and "REFINER loop, equal compute" takes as many of the same samples through the loop as spend them,
+then votes (`joint.loop_baselines`). The models never see a problem's values (numbers are masked), so runs trained on the plain
 generator serve its trace-error variant alike.
 """
 from __future__ import annotations
@@ -25,8 +26,7 @@ import ml_collections
 import numpy as np
 
 from refiner_jax import atomic_files, text_model
-from refiner_jax.joint import locate_explain_revise as joint
-from refiner_jax.refiner import feedback_loop
+from refiner_jax.joint import locate_explain_revise as joint, loop_baselines
 from refiner_jax.refiner.critics import SolverCritic
 from refiner_jax.reward import first_error, rerank
 from refiner_jax.reward.scorer import load_reward_model
@@ -111,12 +111,13 @@ class _Models:
         """Tokens a model writes for `text`: its tokens and the end token."""
         return len(self.tokenizer.encode(text, add_eos=False)) + 1
 
-    def critic_cost(self, example: Example, solution: str, feedback: str) -> tuple[int, int]:
-        """(tokens, passes) of one critic call: a solving critic writes its own answer (greedy plus its samples,
-        once per problem) and scores the hypothesis; the paper's critic writes its feedback."""
+    def critic_cost(self, example: Example, solution: str, feedback: str, first: bool = True) -> tuple[int, int]:
+        """(tokens, passes) of one critic call: a solving critic writes its own answer (greedy plus its samples) on
+        its `first` call on a problem and scores the hypothesis on every call; the paper's critic writes its
+        feedback."""
         if isinstance(self.critic, SolverCritic):
-            own = self.tokens(self.critic.references([example])[0][0]) * (1 + self.critic.samples)
-            return own, own + 1 + self.critic.samples + 1
+            own = self.tokens(self.critic.references([example])[0][0]) * (1 + self.critic.samples) if first else 0
+            return own, (own + 1 + self.critic.samples if first else 0) + 1
         return self.tokens(feedback), self.tokens(feedback) + 1
 
     def generate(self, inputs: list[str], prefixes: list[str]) -> list[str]:
@@ -203,8 +204,16 @@ def evaluate(config, out_dir: str, refiner_dir: str, reward_dir: str) -> dict:
     rows[equal] = rerank_row(matched)
     refiner_label = f"REFINER loop (T={j.turns})"
     rows[refiner_label] = _refiner_loop(m, task, test, j.turns)
-    return _report(config, out_dir, task, test, pool, rows, equal, refiner_label,
-                   {"gate": gate, "step_threshold": step_threshold, "equal_compute_samples": matched})
+    # The loop at equal compute: the fewest of the 2K samples which, each taken through the loop, spend the full
+    # system's tokens; then a majority vote over their answers.
+    runs = loop_baselines.run_loops(test, pool, generator=m.generator, critic=m.critic, task=task, turns=j.turns,
+                                    count_tokens=m.tokens, critic_cost=m.critic_cost, template=m.template)
+    starts = loop_baselines.matched_starts(runs, full_tokens)
+    loop_equal = f"REFINER loop, equal compute ({starts} sampled starts, T={j.turns}, majority vote)"
+    rows[loop_equal] = (*loop_baselines.vote(runs, test, task, starts), runs.compute(starts))
+    return _report(config, out_dir, task, test, pool, rows, (equal, refiner_label, loop_equal),
+                   {"gate": gate, "step_threshold": step_threshold, "equal_compute_samples": matched,
+                    "refiner_loop_starts": starts})
 
 
 def _location_feedback(task: Task):
@@ -216,20 +225,16 @@ def _location_feedback(task: Task):
 def _refiner_loop(m: _Models, task: Task, test: Sequence[Example], turns: int):
     """The REFINER loop alone: greedy, then critic and revision for `turns` rounds; its final answers, their PRM
     score (for abstention, not counted as compute) and its compute."""
-    trajectories = feedback_loop.refine(m.generator, m.critic, task, test, turns, m.template)
-    compute = joint.Compute.zeros(len(test))
-    for i, (ex, t) in enumerate(zip(test, trajectories)):
-        for h in t.hypotheses:
-            compute.generated(i, m.tokens(h))
-        for h, f in zip(t.hypotheses, t.feedback):
-            compute.add(i, *m.critic_cost(ex, h, f))
-    final = feedback_loop.final_hypotheses(trajectories)
+    runs = loop_baselines.run_loops(test, [[z] for z in m.generator.greedy([ex.x for ex in test])],
+                                    generator=m.generator, critic=m.critic, task=task, turns=turns,
+                                    count_tokens=m.tokens, critic_cost=m.critic_cost, template=m.template)
+    final = [hs[0] for hs in runs.final(1)]
     confidence = np.array([joint.solution_score(s) for s in
                            m.prm.step_scores([ex.x for ex in test], final)])
-    return final, confidence, compute
+    return final, confidence, runs.compute(1)
 
 
-def _report(config, out_dir: str, task: Task, test, pool, rows: dict, equal: str, refiner_label: str,
+def _report(config, out_dir: str, task: Task, test, pool, rows: dict, baselines: tuple[str, ...],
             settings: dict) -> dict:
     j = config.joint
     first = np.array([task.outcome_label(ex, hs[0]) for ex, hs in zip(test, pool)])
@@ -243,9 +248,9 @@ def _report(config, out_dir: str, task: Task, test, pool, rows: dict, equal: str
                         "passes_per_problem": float(compute.passes.mean()),
                         "fixed": int((correct & ~first).sum()), "broken": int((~correct & first).sum())}
     table = rerank.results_table(outcomes, rate=j.abstention, samples=j.bootstrap_samples, seed=config.seed,
-                                 more_baselines=(equal, refiner_label))
+                                 more_baselines=baselines)
     results = {"table": {label: {**row, **extra[label]} for label, row in table.rows.items()},
-               "paired_deltas": [{"baseline": b, **table.more_deltas[b]} for b in (equal, refiner_label)],
+               "paired_deltas": [{"baseline": b, **table.more_deltas[b]} for b in baselines],
                "problems": table.n_problems, "rate": table.rate, "settings": settings}
     atomic_files.write_json(os.path.join(out_dir, "results.json"), results, indent=2, default=float)
     results_lib.write_joint_results(out_dir, task.name, table, extra)
