@@ -63,8 +63,9 @@ def run_loops(examples: Sequence[Example], starts: Sequence[Sequence[str]], *, g
     for t, traj in enumerate(flat):
         i, j = divmod(t, m)
         for h in traj.hypotheses:  # one pass per token written and a prefill
-            tokens[i, j] += count_tokens(h)
-            passes[i, j] += count_tokens(h) + 1
+            written = count_tokens(h)
+            tokens[i, j] += written
+            passes[i, j] += written + 1
         for turn, (h, f) in enumerate(zip(traj.hypotheses, traj.feedback)):
             later = critic_cost(examples[i], h, f, False)
             tokens[i, j] += later[0]
