@@ -12,8 +12,8 @@ equal compute.
 The gate (on the best sample's PRM score) and the step threshold (first-error F1) are chosen on validation samples.
 Compute is counted per problem for every row; "PRM rerank, equal compute" draws as many samples as the full system
 spends tokens, and "REFINER loop, equal compute" takes as many of the same samples through the loop as spend them,
-then votes (`joint.loop_baselines`). The models never see a problem's values (numbers are masked), so runs trained on the plain
-generator serve its trace-error variant alike.
+then votes (`joint.loop_baselines`). The models never see a problem's values (numbers are masked), so runs trained
+on the plain generator serve its trace-error variant alike.
 """
 from __future__ import annotations
 
