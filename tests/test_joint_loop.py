@@ -3,6 +3,7 @@ variant uses, the forced prefix, the reranking and the compute counts, all worke
 import numpy as np
 
 from refiner_jax.joint import locate_explain_revise as joint
+from refiner_jax.joint.revision_stats import revision_stats
 from refiner_jax.tasks import Example, mwp
 
 GOLD = "#0: multiply ( number1, number2 ) | #1: subtract ( number0, #0 )"
@@ -96,3 +97,42 @@ def test_helpers_by_hand():
     task = mwp.MWPTask()
     assert joint.prefix_before(task, GOLD, 0) == "" and joint.prefix_before(task, GOLD, 1) == \
         "#0: multiply ( number1, number2 )"
+
+
+def test_revision_stats_by_hand():
+    """What the revisions did, counted by hand. Full system: only problem b is revised; its best sample WRONG is
+    wrong first at step 1, the located step (so the forced step 0 is right); the critic has a hint with a sentence
+    about #1; the revision (GOLD) is right and kept, fixing b."""
+    task, examples = mwp.MWPTask(), [_example("a"), _example("b")]
+    full = _run(joint.Variant(), [])
+    assert full.best == [GOLD, WRONG] and full.kept.tolist() == [False, True]
+    assert revision_stats(examples, full, task) == dict(
+        revised=1, critic_hint=1, critic_names_located_step=1, best_has_wrong_step=1, located_first_error=1,
+        prefix_all_right=1, best_right=0, revision_right=1, kept=1, kept_right=1, fixed=1, broken=0)
+    # Without gate or rerank and with a generator that always writes a wrong answer, both problems are revised and
+    # every revision replaces its sample: a's right best sample (no wrong step; located at its lowest step, 1) is
+    # broken, b's wrong one stays wrong. Location only: the critic is not asked.
+    samples = [[GOLD, WRONG], [WRONG, GOLD]]
+    steps = [[np.array([0.95, 0.9]), np.array([0.9, 0.1])], [np.array([0.8, 0.3]), np.array([0.2, 0.9])]]
+    out = joint.joint_refine(
+        examples, samples, steps, task=task, critic=_Critic(),
+        generate=lambda inputs, prefixes: [WRONG.replace("add", "divide")] * len(inputs),
+        score_steps=lambda prompts, solutions: [np.array([0.25, 0.2]) for _ in solutions],
+        count_tokens=lambda t: len(t.split()), location_feedback=lambda k: f"The operator in #{k} is wrong.",
+        gate=0.5, step_threshold=0.4, variant=joint.Variant(explain=False, gate=False, rerank=False))
+    assert out.located == [1, 1] and out.critic_said == ["", ""]
+    assert revision_stats(examples, out, task) == dict(
+        revised=2, critic_hint=0, critic_names_located_step=0, best_has_wrong_step=1, located_first_error=1,
+        prefix_all_right=1, best_right=1, revision_right=0, kept=2, kept_right=0, fixed=0, broken=1)
+    # A located step after the first wrong one: the forced prefix keeps the wrong step 0, the revision cannot fix it.
+    early = "#0: add ( number1, number2 ) | #1: subtract ( number0, #0 )"
+    out = joint.joint_refine(
+        examples[:1], [[early]], [[np.array([0.9, 0.3])]], task=task, critic=_Critic(),
+        generate=lambda inputs, prefixes: [p + " | #1: add ( number0, #0 )" for p in prefixes],
+        score_steps=lambda prompts, solutions: [np.array([0.9, 0.2]) for _ in solutions],
+        count_tokens=lambda t: len(t.split()), location_feedback=lambda k: f"The operator in #{k} is wrong.",
+        gate=0.5, step_threshold=0.4)
+    assert out.located == [1] and out.revisions == ["#0: add ( number1, number2 ) | #1: add ( number0, #0 )"]
+    assert revision_stats(examples[:1], out, task) == dict(
+        revised=1, critic_hint=1, critic_names_located_step=1, best_has_wrong_step=1, located_first_error=0,
+        prefix_all_right=0, best_right=0, revision_right=0, kept=0, kept_right=0, fixed=0, broken=0)

@@ -54,7 +54,18 @@ def test_joint_run_on_tiny_runs(tmp_path):
     saved = json.load(open(tmp_path / "joint" / "joint" / "results.json"))
     assert saved["settings"]["equal_compute_samples"] >= 2
     assert os.path.getsize(tmp_path / "joint" / "joint" / "tokens.png") > 1000
-    assert "locate + explain + revise + rerank" in open(tmp_path / "joint" / "joint" / "results.md").read()
+    markdown = open(tmp_path / "joint" / "joint" / "results.md").read()
+    assert "locate + explain + revise + rerank" in markdown and "What the revisions did" in markdown
+    # Every revising variant's counts: nested ones bounded by what they count within, and the fixed / broken of its
+    # revisions no more than the row's against the first sample can hold.
+    assert set(saved["revisions"]) == {label for label in labels if "revise" in label}
+    for label, c in saved["revisions"].items():
+        assert 0 <= c["revised"] <= 12 and c["kept_right"] <= c["kept"] <= c["revised"]
+        assert c["located_first_error"] <= c["prefix_all_right"] <= c["best_has_wrong_step"] <= c["revised"]
+        assert c["critic_names_located_step"] <= c["critic_hint"] <= c["revised"]
+        assert c["fixed"] <= c["kept_right"] and c["broken"] <= c["kept"] - c["kept_right"]
+        assert c["best_right"] - c["broken"] + c["fixed"] <= c["revised"]
+    assert saved["revisions"]["locate only (\"#k is wrong\") + revise + rerank (K=2)"]["critic_hint"] == 0
 
 
 def test_joint_config_errors_name_the_field(tmp_path):

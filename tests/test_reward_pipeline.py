@@ -109,6 +109,14 @@ def test_reward_pipeline_end_to_end_and_resume(tmp_path, capsys):
     kept = json.load(open(os.path.join(workdir, "rl_orm_1", "kept.json")))
     drawn = json.load(open(os.path.join(workdir, "samples", "rl_orm_1.json")))["samples"]
     assert kept["kept"] == sum(len({h for h in hs if h.strip()}) for hs in drawn)
+    # Among them, the wrong answers and wrong steps by the task's checker (the 8 extra problems are generated).
+    uids = json.load(open(os.path.join(workdir, "samples", "rl_orm_1.json")))["uids"]
+    known = {ex.uid: ex for ex in task.load("train") + task.fresh_problems(8)}
+    distinct = [(known[u], h) for u, hs in zip(uids, drawn) for h in set(hs) if h.strip()]
+    assert kept["kept_wrong_answer"] == sum(not task.outcome_label(ex, h) for ex, h in distinct)
+    assert kept["kept_wrong_step"] == sum(False in task.step_labels(ex, h) or not task.step_labels(ex, h)
+                                          for ex, h in distinct)
+    assert saved["rl_kept"]["rl_orm_1"] == kept
     # A second run retrains nothing and draws no new samples.
     capsys.readouterr()
     again = reward_run.run(c, workdir)
@@ -167,7 +175,7 @@ def test_expert_iteration_keeps_what_the_final_answer_reward_accepts(tmp_path):
     samples = [[gold, "#0: add ( number1, number0 ) | #1: multiply ( number2, #0 )", gold,
                 "#0: add ( number0, number2 )", ""]]
     kept = run.keep("final", [ex], samples)
-    assert kept == [(ex.x, gold), (ex.x, "#0: add ( number1, number0 ) | #1: multiply ( number2, #0 )")]
+    assert kept == [(ex, gold), (ex, "#0: add ( number1, number0 ) | #1: multiply ( number2, #0 )")]
 
 
 def test_extra_problems_need_a_problem_generator():

@@ -70,13 +70,17 @@ class Compute:
 
 @dataclasses.dataclass
 class JointResult:
-    """Per problem: the chosen solution, its verifier score (the confidence), the revision (None when the gate
-    kept the sample), the located step and the feedback used; and the compute spent."""
+    """Per problem: the chosen solution, its verifier score (the confidence), the verifier's best sample (what a
+    revision competes with), the revision (None when the gate kept the sample) and whether it became the answer, the
+    located step, the critic's own words ("" when it was not asked) and the feedback used; and the compute spent."""
 
     chosen: list[str]
     confidence: np.ndarray
+    best: list[str]
     revisions: list[str | None]
+    kept: np.ndarray  # [n] bool: the revision became the answer
     located: list[int]
+    critic_said: list[str]
     feedback: list[str]
     compute: Compute
 
@@ -126,13 +130,15 @@ def joint_refine(examples: Sequence[Example], samples: Sequence[Sequence[str]], 
     best = [int(np.argmax([solution_score(s) for s in steps])) for steps in sample_steps]
     top = np.array([solution_score(steps[b]) for steps, b in zip(sample_steps, best)])
     chosen = [samples[i][b] for i, b in enumerate(best)]
+    best_samples = list(chosen)
     revise = [i for i in range(n) if not variant.gate or top[i] < gate]
     located = [locate(sample_steps[i][best[i]], step_threshold) for i in range(n)]
-    feedback = [""] * n
+    feedback, critic_said = [""] * n, [""] * n
     if revise and variant.explain:
         said = critic.feedback([examples[i] for i in revise], [chosen[i] for i in revise])
         for i, f in zip(revise, said):
             compute.add(i, *critic_cost(examples[i], chosen[i], f))
+            critic_said[i] = f
             about = sentences_about(f, located[i]) if variant.locate else f
             feedback[i] = about or (location_feedback(located[i]) if variant.locate else f)
     else:
@@ -147,9 +153,9 @@ def joint_refine(examples: Sequence[Example], samples: Sequence[Sequence[str]], 
         revisions[i] = z
         compute.generated(i, max(count_tokens(z) - count_tokens(p), 0))
     scores = score_steps([examples[i].x for i in revise], list(revised)) if revise else []
-    confidence = top.copy()
+    confidence, kept = top.copy(), np.zeros(n, bool)
     for i, steps in zip(revise, scores):
         compute.scored(i)
         if not variant.rerank or solution_score(steps) > confidence[i]:
-            chosen[i], confidence[i] = revisions[i], solution_score(steps)
-    return JointResult(chosen, confidence, revisions, located, feedback, compute)
+            chosen[i], confidence[i], kept[i] = revisions[i], solution_score(steps), True
+    return JointResult(chosen, confidence, best_samples, revisions, kept, located, critic_said, feedback, compute)

@@ -27,6 +27,7 @@ import numpy as np
 
 from refiner_jax import atomic_files, text_model
 from refiner_jax.joint import locate_explain_revise as joint, loop_baselines
+from refiner_jax.joint.revision_stats import revision_stats
 from refiner_jax.refiner.critics import SolverCritic
 from refiner_jax.reward import first_error, rerank
 from refiner_jax.reward.scorer import load_reward_model
@@ -189,6 +190,7 @@ def evaluate(config, out_dir: str, refiner_dir: str, reward_dir: str) -> dict:
                 "locate only (\"#k is wrong\") + revise + rerank": joint.Variant(explain=False),
                 "explain only (the critic's feedback) + revise + rerank": joint.Variant(locate=False),
                 "locate + explain + revise, the revision replaces the sample": joint.Variant(rerank=False)}
+    revisions = {}
     for label, variant in variants.items():
         out = joint.joint_refine(test, [hs[:k] for hs in pool], [ss[:k] for ss in pool_steps], task=task,
                                  generate=m.generate, critic=m.critic, score_steps=m.prm.step_scores,
@@ -196,6 +198,7 @@ def evaluate(config, out_dir: str, refiner_dir: str, reward_dir: str) -> dict:
                                  gate=gate, step_threshold=step_threshold, variant=variant, template=m.template,
                                  critic_cost=m.critic_cost)
         spent = sampled(k)
+        revisions[f"{label} (K={k})"] = revision_stats(test, out, task)
         rows[f"{label} (K={k})"] = (out.chosen, out.confidence,
                                     joint.Compute(spent.tokens + out.compute.tokens, spent.passes + out.compute.passes))
     full_tokens = rows[f"{FULL} (K={k})"][2].tokens.mean()
@@ -211,7 +214,7 @@ def evaluate(config, out_dir: str, refiner_dir: str, reward_dir: str) -> dict:
     starts = loop_baselines.matched_starts(runs, full_tokens)
     loop_equal = f"REFINER loop, equal compute ({starts} sampled starts, T={j.turns}, majority vote)"
     rows[loop_equal] = (*loop_baselines.vote(runs, test, task, starts), runs.compute(starts))
-    return _report(config, out_dir, task, test, pool, rows, (equal, refiner_label, loop_equal),
+    return _report(config, out_dir, task, test, pool, rows, (equal, refiner_label, loop_equal), revisions,
                    {"gate": gate, "step_threshold": step_threshold, "equal_compute_samples": matched,
                     "refiner_loop_starts": starts})
 
@@ -235,7 +238,7 @@ def _refiner_loop(m: _Models, task: Task, test: Sequence[Example], turns: int):
 
 
 def _report(config, out_dir: str, task: Task, test, pool, rows: dict, baselines: tuple[str, ...],
-            settings: dict) -> dict:
+            revisions: dict, settings: dict) -> dict:
     j = config.joint
     first = np.array([task.outcome_label(ex, hs[0]) for ex, hs in zip(test, pool)])
     outcomes, extra = {}, {}
@@ -251,7 +254,7 @@ def _report(config, out_dir: str, task: Task, test, pool, rows: dict, baselines:
                                  more_baselines=baselines)
     results = {"table": {label: {**row, **extra[label]} for label, row in table.rows.items()},
                "paired_deltas": [{"baseline": b, **table.more_deltas[b]} for b in baselines],
-               "problems": table.n_problems, "rate": table.rate, "settings": settings}
+               "revisions": revisions, "problems": table.n_problems, "rate": table.rate, "settings": settings}
     atomic_files.write_json(os.path.join(out_dir, "results.json"), results, indent=2, default=float)
-    results_lib.write_joint_results(out_dir, task.name, table, extra)
+    results_lib.write_joint_results(out_dir, task.name, table, extra, revisions)
     return results

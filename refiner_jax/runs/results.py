@@ -284,9 +284,11 @@ def write_reward_results(workdir: str, task_name: str, table: RulesTable, qualit
     return text
 
 
-def write_joint_results(out_dir: str, task_name: str, table: RulesTable, extra: Mapping[str, Mapping]) -> str:
-    """A joint run's `results.md` (every row with its compute, fixed / broken and paired differences) and
-    `tokens.png` (final-answer error against tokens per problem) in `out_dir`; prints and returns the markdown."""
+def write_joint_results(out_dir: str, task_name: str, table: RulesTable, extra: Mapping[str, Mapping],
+                        revisions: Mapping[str, Mapping[str, int]]) -> str:
+    """A joint run's `results.md` (every row with its compute, fixed / broken and paired differences, then what each
+    variant's revisions did, `joint.revision_stats`) and `tokens.png` (final-answer error against tokens per problem)
+    in `out_dir`; prints and returns the markdown."""
     header = ["Row", "Final-answer error (%)", "Trace error (%)", f"Error at {100 * table.rate:g}% abstention (%)",
               "Fixed / broken vs the first sample", "Tokens per problem", "Forward passes per problem"]
     header += [f"Δ final-answer error vs {b}, paired" for b in table.more_deltas]
@@ -299,12 +301,29 @@ def write_joint_results(out_dir: str, task_name: str, table: RulesTable, extra: 
         rows.append([name, *cells])
     text = "\n".join([f"# {task_name}: locate, explain, revise, rerank\n", *_table(header, rows),
                       f"\n{table.n_problems} problems; brackets: {100 * (1 - table.alpha):g}% percentile-bootstrap "
-                      "interval over problems (the same resampled sets for every row).", "\n![tokens](tokens.png)\n"])
+                      "interval over problems (the same resampled sets for every row).", *_revisions_table(revisions),
+                      "\n![tokens](tokens.png)\n"])
     plot_tokens({n: (e["tokens_per_problem"], table.rows[n]["final_answer_error"]["mean"]) for n, e in extra.items()},
                 os.path.join(out_dir, "tokens.png"))
     atomic_files.write_text(os.path.join(out_dir, "results.md"), text)
     print(text)
     return text
+
+
+def _revisions_table(revisions: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """What each variant's revisions did (counts over the problems it revised), as markdown lines."""
+    if not revisions:
+        return []
+    columns = [("revised", "revised"), ("critic_hint", "the critic had a hint"),
+               ("critic_names_located_step", "the critic named the located step"),
+               ("best_has_wrong_step", "the best sample had a wrong step"),
+               ("located_first_error", "… located at its first wrong step"),
+               ("prefix_all_right", "… forced prefix all right"), ("best_right", "best sample right"),
+               ("revision_right", "revision right"), ("kept", "revision kept"),
+               ("kept_right", "kept and right"), ("fixed", "fixed vs the best sample"),
+               ("broken", "broken vs the best sample")]
+    rows = [[name, *(str(counts[key]) for key, _ in columns)] for name, counts in revisions.items()]
+    return ["\n## What the revisions did (problems revised)\n", *_table(["Row", *(title for _, title in columns)], rows)]
 
 
 # ----------------------------------------------------------------------------------------------- plots

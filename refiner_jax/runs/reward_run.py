@@ -243,17 +243,21 @@ class Run:
                 f"expert iteration with reward {reward!r} kept {len(kept)} of {c.rl.samples * len(problems)} samples, "
                 f"fewer than config.rl.batch_size {c.rl.batch_size}; lower config.rl.threshold or draw more "
                 "(config.rl.samples, config.rl.problems)")
+        # What the filter let through, by the task's checker: kept samples with a wrong answer or a wrong step.
         _write_json(os.path.join(self.workdir, name, "kept.json"),
-                    {"kept": len(kept), "sampled": c.rl.samples * len(problems)})
+                    {"kept": len(kept), "sampled": c.rl.samples * len(problems),
+                     "kept_wrong_answer": sum(not self.task.outcome_label(ex, h) for ex, h in kept),
+                     "kept_wrong_step": sum(not _all_steps_right(self.task, ex, h) for ex, h in kept)})
+        pairs = [(ex.x, h) for ex, h in kept]
 
         def make(params, indices, step):
-            return [kept[int(i)] for i in indices]
+            return [pairs[int(i)] for i in indices]
 
         return (StageSpec(name, c.rl, len(kept), make, self.generator_eval(c.rl.eval_examples),
                           self.task.primary_metric, self.lengths.input, self.lengths.target), self.policy(previous))
 
-    def keep(self, reward: str, problems: Sequence[Example], samples: list[list[str]]) -> list[tuple[str, str]]:
-        """(x, solution) pairs of the distinct samples that `reward` accepts."""
+    def keep(self, reward: str, problems: Sequence[Example], samples: list[list[str]]) -> list[tuple[Example, str]]:
+        """(problem, solution) pairs of the distinct samples that `reward` accepts."""
         flat = [(ex, h) for ex, hs in zip(problems, samples) for h in dict.fromkeys(hs) if h.strip()]
         if reward == "final":
             accepted = [self.task.outcome_label(ex, h) for ex, h in flat]
@@ -262,7 +266,7 @@ class Run:
             scores = self.scorer(None, reward).solution_scores([ex.x for ex, _ in flat], [h for _, h in flat],
                                                                reduction)
             accepted = scores >= self.config.rl.threshold
-        return [(ex.x, h) for (ex, h), ok in zip(flat, accepted) if ok]
+        return [(ex, h) for (ex, h), ok in zip(flat, accepted) if ok]
 
     def rl(self) -> dict:
         out = {}
@@ -326,8 +330,14 @@ class Run:
         matched_baseline = f"SFT greedy, {MATCHED}"
         outcomes.update({matched_baseline: outcomes["SFT greedy"], f"{majority}, {MATCHED}": outcomes[majority]})
         outcomes.update({name: sel.outcome(correct, steps_ok) for name, sel in selections.items()})
+        rl_kept = {}
         for reward in c.rl.rewards:
             stage = f"rl_{reward}_{c.rl.rounds}"
+            for r in range(1, c.rl.rounds + 1):
+                kept_file = os.path.join(self.workdir, f"rl_{reward}_{r}", "kept.json")
+                if os.path.isfile(kept_file):
+                    with open(kept_file) as f:
+                        rl_kept[f"rl_{reward}_{r}"] = json.load(f)
             if stage_done(self.workdir, stage) is not None:
                 label = {"final": "Final-Answer RL", "orm": "ORM-RL", "prm": "PRM-RL"}[reward]
                 outcomes[f"{label} greedy"] = greedy_outcome(self.greedy(stage, f"{stage}_test_greedy", test))
@@ -355,7 +365,7 @@ class Run:
                    "trace_error_delta": table.trace_deltas, "first_error": first_errors,
                    "first_error_delta": first_error_deltas,
                    **({"rollout_labels": step_studies.rollout_data(self)[1]} if "prm_rollouts" in step_scores else {}),
-                   "rate": table.rate, "problems": table.n_problems, "quality": quality,
+                   "rate": table.rate, "problems": table.n_problems, "quality": quality, "rl_kept": rl_kept,
                    "curves": {n: {"coverage": cv.coverage.tolist(), "error": cv.error.tolist()}
                               for n, cv in curves.items()}}
         if shd.is_main_process():
