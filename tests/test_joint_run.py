@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "con
 import joint_mwp  # noqa: E402
 
 
+@pytest.mark.slow
 def test_joint_run_on_tiny_runs(tmp_path):
     refiner_dir, reward_dir = str(tmp_path / "refiner"), str(tmp_path / "reward")
     task = {"name": "mwp", "data_dir": "", "extra_problems": 0,

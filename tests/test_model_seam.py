@@ -148,6 +148,7 @@ def test_config_round_trip_keeps_tuples():
     assert config_from_dict("decoder", fields) == config
 
 
+@pytest.mark.slow
 def test_refiner_run_with_a_decoder_generator(tmp_path):
     from test_pipeline import tiny_config
 

@@ -242,6 +242,7 @@ def test_critic_from_generator_samples_needs_the_warmup_first(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_all_stages_run_skip_and_resume(tmp_path, capsys):
     c = tiny_config()
     assert c.critic.generator_fraction > 0 and c.warmup.feedback_fraction > 0  # both paths run end to end
@@ -281,6 +282,7 @@ def test_all_stages_run_skip_and_resume(tmp_path, capsys):
         refiner_run.run(c2, workdir, stages=("critic",))
 
 
+@pytest.mark.slow
 def test_solve_mode_critic_trains_on_fresh_problems_and_is_calibrated(tmp_path):
     from refiner_jax.refiner import critics
 

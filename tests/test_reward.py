@@ -358,6 +358,7 @@ def report():
                       JAX_DISABLE_MOST_OPTIMIZATIONS="1")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["token", "scalar", "pairwise"])
 @pytest.mark.parametrize("mesh", ["data", "fsdp", "mixed"])
 def test_sharded_reward_step_equals_single_device(report, variant, mesh):

@@ -34,6 +34,7 @@ def tiny_config():
     return c
 
 
+@pytest.mark.slow
 def test_reward_pipeline_end_to_end_and_resume(tmp_path, capsys):
     c = tiny_config()
     c.task.extra_problems = 8
@@ -136,6 +137,7 @@ def test_reward_pipeline_end_to_end_and_resume(tmp_path, capsys):
         reward_run.run(c, workdir, stages=("rl",))
 
 
+@pytest.mark.slow
 def test_ranking_reward_models_train_on_whole_problems_for_both_families(tmp_path):
     """`configs/rm_mwp.py`'s reward models (scalar head, likelihood term, pairwise loss, joint LM loss) through the
     pipeline on a T5 and a decoder-only LM; their batches hold whole problems, in the order of the drawn indices."""
