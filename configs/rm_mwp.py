@@ -39,6 +39,9 @@ def get_config(arg: str | None = None):
         # no trace errors (docs/reward_models.md).
         config.task.options = {"trace_rate": 1.0, "trace_kinds": ("distractor", "intermediate", "two_two")}
         config.reward.labels = "rollouts"  # a second PRM on Math-Shepherd rollout labels, beside the checker's
+        # Expert iteration on the samples with the right answer that the PRM also passes, beside the answer alone: on
+        # this variant the answer check keeps right answers reached through wrong steps.
+        config.rl.rewards = ("final", "orm", "prm", "final_prm")
     elif variant in ("default", "t5"):
         pass
     elif variant == "small":

@@ -203,6 +203,12 @@ def test_trace_and_final_answer_error():
     assert rerank.trace_error(correct, steps) == 0.5
     assert rerank.final_answer_error(correct) == pytest.approx(2 / 6)
     assert np.isnan(rerank.trace_error([False], [True]))
+    # The floor over K samples: problem 0 has a clean right sample, problem 1 only a right one through a wrong step,
+    # problem 2 no right sample (left out), problem 3 a clean one beside a trace error -> 1 of 3 answerable problems.
+    sample_correct = [[True, False], [True, False], [False, False], [True, True]]
+    sample_steps = [[True, False], [False, False], [True, True], [False, True]]
+    assert rerank.trace_error_floor(sample_correct, sample_steps) == pytest.approx(1 / 3)
+    assert np.isnan(rerank.trace_error_floor([[False]], [[True]]))
     with pytest.raises(ValueError, match="final-answer labels"):
         rerank.trace_error([True, False], [True])
 

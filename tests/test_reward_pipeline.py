@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 from refiner_jax.reward import batches as reward_batches, labels as reward_labels
@@ -178,6 +179,32 @@ def test_expert_iteration_keeps_what_the_final_answer_reward_accepts(tmp_path):
                 "#0: add ( number0, number2 )", ""]]
     kept = run.keep("final", [ex], samples)
     assert kept == [(ex, gold), (ex, "#0: add ( number1, number0 ) | #1: multiply ( number2, #0 )")]
+
+
+def test_expert_iteration_with_answer_and_prm_keeps_right_answers_the_prm_passes():
+    """"final_prm" against hand-labelled samples and hand-set PRM scores (threshold 0.5): a right answer the PRM
+    doubts is dropped, a wrong answer it trusts too; "prm" alone keeps the latter, "final" the former."""
+    task = mwp.MWPTask()
+    gold = "#0: add ( number0, number1 ) | #1: multiply ( #0, number2 )"
+    commuted = "#0: add ( number1, number0 ) | #1: multiply ( number2, #0 )"
+    wrong = "#0: add ( number0, number2 )"
+    ex = mwp_example(gold)
+    prm_scores = {gold: 0.9, commuted: 0.2, wrong: 0.95}
+
+    class StubScorer:
+        def solution_scores(self, prompts, texts, reduction):
+            assert reduction == "min"
+            return np.array([prm_scores[t] for t in texts])
+
+    run = reward_run.Run.__new__(reward_run.Run)
+    run.task = task
+    run.config = config_lib.base_config()
+    run.config.rl.threshold, run.config.reward.prm_reduction = 0.5, "min"
+    run.scorer = lambda params, kind: StubScorer() if kind == "prm" else None
+    samples = [[gold, commuted, gold, wrong, ""]]
+    assert run.keep("final_prm", [ex], samples) == [(ex, gold)]
+    assert run.keep("prm", [ex], samples) == [(ex, gold), (ex, wrong)]
+    assert run.keep("final", [ex], samples) == [(ex, gold), (ex, commuted)]
 
 
 def test_extra_problems_need_a_problem_generator():

@@ -265,6 +265,17 @@ def trace_error(correct, steps_correct) -> float:
     return float((y & ~s).sum() / y.sum()) if y.any() else math.nan
 
 
+def trace_error_floor(sample_correct, sample_steps_correct) -> float:
+    """[n, K] labels -> the lowest trace error any rule choosing among the K samples can reach while answering every
+    problem it can answer right: per problem with a right sample, a right one with every step right where there is
+    one (NaN when no problem has a right sample)."""
+    y, s = np.asarray(sample_correct, bool), np.asarray(sample_steps_correct, bool)
+    if y.shape != s.shape or y.ndim != 2:
+        raise ValueError(f"need two [problems, samples] label arrays, got shapes {y.shape} and {s.shape}")
+    answerable = y.any(axis=1)
+    return trace_error(answerable, (y & s).any(axis=1) | ~answerable)
+
+
 # ----------------------------------------------------------------------------------------------- reporting
 
 

@@ -51,6 +51,8 @@ from refiner_jax.training.steps import reward_loss
 STAGES = ("sft", "orm", "prm", "rl", "eval")
 MATCHED = "data-matched (the SFT policy)"  # the label of the data-matched baseline's rows
 _SECTIONS = ("warmup", "reward", "rl")  # config sections that train
+# The policy rows of expert iteration, by the reward of `config.rl.rewards` that chose its training samples.
+RL_LABELS = {"final": "Final-Answer RL", "orm": "ORM-RL", "prm": "PRM-RL", "final_prm": "Final-Answer + PRM RL"}
 
 
 def _write_json(path: str, value: Any) -> None:
@@ -259,13 +261,15 @@ class Run:
     def keep(self, reward: str, problems: Sequence[Example], samples: list[list[str]]) -> list[tuple[Example, str]]:
         """(problem, solution) pairs of the distinct samples that `reward` accepts."""
         flat = [(ex, h) for ex, hs in zip(problems, samples) for h in dict.fromkeys(hs) if h.strip()]
+        right = np.array([self.task.outcome_label(ex, h) for ex, h in flat], bool)
         if reward == "final":
-            accepted = [self.task.outcome_label(ex, h) for ex, h in flat]
+            accepted = right
         else:
-            reduction = "last" if reward == "orm" else self.config.reward.prm_reduction
-            scores = self.scorer(None, reward).solution_scores([ex.x for ex, _ in flat], [h for _, h in flat],
-                                                               reduction)
-            accepted = scores >= self.config.rl.threshold
+            model = "prm" if reward == "final_prm" else reward
+            reduction = "last" if model == "orm" else self.config.reward.prm_reduction
+            scores = self.scorer(None, model).solution_scores([ex.x for ex, _ in flat], [h for _, h in flat],
+                                                              reduction)
+            accepted = rl_accepts(reward, right, scores, self.config.rl.threshold)
         return [(ex, h) for (ex, h), ok in zip(flat, accepted) if ok]
 
     def rl(self) -> dict:
@@ -339,7 +343,7 @@ class Run:
                     with open(kept_file) as f:
                         rl_kept[f"rl_{reward}_{r}"] = json.load(f)
             if stage_done(self.workdir, stage) is not None:
-                label = {"final": "Final-Answer RL", "orm": "ORM-RL", "prm": "PRM-RL"}[reward]
+                label = RL_LABELS[reward]
                 outcomes[f"{label} greedy"] = greedy_outcome(self.greedy(stage, f"{stage}_test_greedy", test))
         table = rerank.results_table(outcomes, rate=c.reward.abstention, samples=c.eval.bootstrap_samples,
                                      seed=c.seed, more_baselines=(matched_baseline,),
@@ -357,7 +361,8 @@ class Run:
                           "vote_share_paired_auroc": paired_auroc(_vote_shares(answers).ravel(), ~correct.ravel(),
                                                                   groups)},
             "samples": {"k": k, "any_right": float(correct.any(axis=1).mean()),
-                        "right": float(correct.mean()), "all_steps_right": float(steps_ok.mean())},
+                        "right": float(correct.mean()), "all_steps_right": float(steps_ok.mean()),
+                        "trace_error_floor": rerank.trace_error_floor(correct, steps_ok)},
         }
         curves = {name: rerank.abstention_curve(o.confidence, o.correct) for name, o in outcomes.items()}
         results = {"table": table.rows, "paired_deltas": {"baseline": table.baseline, **table.deltas},
@@ -382,11 +387,20 @@ class Run:
 
 def _trace_pairs(outcomes: dict, k: int) -> list[tuple[str, str]]:
     """The trace-error comparisons of Uesato et al. among the rules present: PRM vs ORM reranking and greedy, and
-    PRM-RL vs Final-Answer RL and ORM-RL."""
+    PRM-RL vs Final-Answer RL and ORM-RL, and the answer-and-PRM filter vs the answer alone."""
     wanted = [(f"PRM rerank (K={k})", f"ORM rerank (K={k})"), (f"PRM rerank (K={k})", "SFT greedy"),
               (f"ORM rerank (K={k})", "SFT greedy"), (f"PRM-weighted vote (K={k})", f"ORM-weighted vote (K={k})"),
-              ("PRM-RL greedy", "Final-Answer RL greedy"), ("PRM-RL greedy", "ORM-RL greedy")]
+              ("PRM-RL greedy", "Final-Answer RL greedy"), ("PRM-RL greedy", "ORM-RL greedy"),
+              ("Final-Answer + PRM RL greedy", "Final-Answer RL greedy")]
     return [(a, b) for a, b in wanted if a in outcomes and b in outcomes]
+
+
+def rl_accepts(reward: str, right: np.ndarray, scores: np.ndarray, threshold: float) -> np.ndarray:
+    """Which samples expert iteration with a reward model keeps: "orm" / "prm" those whose score reaches
+    `threshold`, "final_prm" those with the `right` answer whose PRM score reaches it (the PRM removes right answers
+    reached through a wrong step from what the answer check keeps)."""
+    passed = np.asarray(scores) >= threshold
+    return passed & right if reward == "final_prm" else passed
 
 
 def mixed_problems(data: Sequence[reward_labels.LabelledSolution], k: int) -> list[reward_labels.LabelledSolution]:

@@ -41,7 +41,7 @@ def _optimizer(learning_rate: float) -> dict:
 
 
 PIPELINES = ("refiner", "reward")
-RL_REWARDS = ("final", "orm", "prm")
+RL_REWARDS = ("final", "orm", "prm", "final_prm")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -140,7 +140,7 @@ def base_config() -> ml_collections.ConfigDict:
         "prm_reduction": "min", "abstention": 0.3, "sample_rows": 1024, "critic_workdir": "", "labels": "checker",
         "rollout_completions": 4})
     # Expert iteration (reward pipeline): for each reward of `rewards` ("final": the answer is right, "orm" / "prm":
-    # that reward model's score >= `threshold`), `rounds` times: sample `samples` solutions of each of the first
+    # that reward model's score >= `threshold`, "final_prm": both the answer and the PRM's), `rounds` times: sample `samples` solutions of each of the first
     # `problems` training problems (and of the `task.extra_problems`) from the current policy, keep the rewarded ones
     # (once each), fine-tune on them.
     c.rl = ml_collections.ConfigDict({
