@@ -11,13 +11,24 @@ import numpy as np
 _MAX_BOOTSTRAP_CELLS = 4_000_000  # resampled indices held in memory at once (samples x examples)
 
 
-def resamples(n: int, samples: int, seed: int) -> Iterator[np.ndarray]:
+def resamples(n: int, samples: int, seed: int, strata: Sequence[int] | None = None) -> Iterator[np.ndarray]:
     """`samples` resampled index sets of `n` examples (with replacement), in blocks [b, n] of at most
-    `_MAX_BOOTSTRAP_CELLS` indices; the draws do not depend on the block size."""
+    `_MAX_BOOTSTRAP_CELLS` indices; the draws do not depend on the block size.
+
+    With `strata` (sizes summing to `n`: consecutive groups, e.g. the test problems of each seed's run), every
+    group is resampled within itself, so each set keeps every group's size."""
+    if strata is not None and (sum(strata) != n or min(strata, default=0) < 1):
+        raise ValueError(f"strata {list(strata)} must be positive sizes summing to {n}")
     rng = np.random.default_rng(seed)
     block = max(1, _MAX_BOOTSTRAP_CELLS // n)
     for start in range(0, samples, block):
-        yield rng.integers(0, n, size=(min(block, samples - start), n))
+        b = min(block, samples - start)
+        if strata is None:
+            yield rng.integers(0, n, size=(b, n))
+        else:
+            offsets = np.cumsum([0, *strata[:-1]])
+            yield np.concatenate([at + rng.integers(0, size, size=(b, size)) for at, size in zip(offsets, strata)],
+                                 axis=1)
 
 
 def bootstrap_columns(values: np.ndarray, samples: int, seed: int, alpha: float):

@@ -460,3 +460,44 @@ def test_remat_changes_nothing_but_memory():
     scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(plain))  # the gradient's overall magnitude
     for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(remat)):  # the same operations, recomputed
         assert_f32_close(b, a, ulps=NETWORK, scale=scale, what="decoder remat gradient")
+
+
+def test_fusion_boundary_passes_values_and_gradients_and_survives_compilation_on_cpu_only():
+    # `fusion_boundary` returns its input bit for bit, NaN first element included (the conditional's other branch);
+    # `cotangent_barrier` passes the gradient unchanged. The boundary is a conditional on CPU only, and it must
+    # survive XLA:CPU's simplifier (two identical branches are merged away): the compiled gradient of a decoder
+    # keeps one conditional per layer.
+    from refiner_jax.models import decoder as decoder_module
+    from refiner_jax.models.layers import cotangent_barrier, fusion_boundary
+
+    x = jnp.array([[1.5, -2.0], [0.25, 3.0]])
+    with_nan = x.at[0, 0].set(jnp.nan)
+    boundary = jax.jit(fusion_boundary)
+    np.testing.assert_array_equal(boundary(x), x)
+    np.testing.assert_array_equal(boundary(with_nan), with_nan)
+    weights = jnp.array([[2.0, -1.0], [0.5, 4.0]])
+    np.testing.assert_array_equal(jax.jit(jax.grad(lambda v: jnp.sum(cotangent_barrier(v) * weights)))(x), weights)
+    traced = jax.jit(fusion_boundary).trace(x)
+    for platform, conditional in [("cpu", True), ("cuda", False), ("tpu", False)]:
+        text = traced.lower(lowering_platforms=(platform,)).as_text()
+        assert ("stablehlo.compare" in text) == conditional, platform  # the predicate: the first element, itself
+
+    config = preset("gpt2-tiny", vocab_size=64, d_model=32, d_ff=48, num_layers=3)
+    tokens = jnp.asarray(_prompts(config.vocab_size, (5, 3), "left")[0])
+    params = _random_params(config, seed=2)
+
+    def loss(p):
+        return jnp.mean(jax.nn.log_softmax(Decoder(config).apply({"params": p}, tokens))[..., 3])
+
+    compiled = jax.jit(jax.grad(loss)).lower(params).compile().as_text()
+    assert compiled.count(" conditional(") >= config.num_layers
+    # Without the boundary the gradient is the same, bit for bit: it changes what XLA fuses, not what it computes.
+    bounded = jax.jit(jax.grad(loss))(params)
+    original = decoder_module.cotangent_barrier
+    decoder_module.cotangent_barrier = lambda v: v
+    try:
+        plain = jax.jit(jax.grad(loss))(params)
+    finally:
+        decoder_module.cotangent_barrier = original
+    for a, b in zip(jax.tree.leaves(bounded), jax.tree.leaves(plain)):
+        np.testing.assert_array_equal(a, b)

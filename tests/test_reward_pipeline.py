@@ -11,7 +11,7 @@ from refiner_jax.reward import batches as reward_batches, labels as reward_label
 from refiner_jax.tasks import mwp, step_label_files
 from refiner_jax.tasks.base import DataError
 from refiner_jax.runs import run_config as config_lib
-from refiner_jax.runs import reward_run, run_setup
+from refiner_jax.runs import reward_run, run_setup, seed_pool
 
 
 def tiny_config():
@@ -70,6 +70,12 @@ def test_reward_pipeline_end_to_end_and_resume(tmp_path, capsys):
         assert cell["low"] <= cell["mean"] <= cell["high"]
     md = open(os.path.join(workdir, "results.md")).read()
     assert "| PRM rerank (K=4) |" in md and "Error at 30% abstention" in md
+    # The per-problem outcomes behind the table, for pooling seeds: each rule's error is its share of wrong answers.
+    outcomes = seed_pool.read_outcomes(workdir)
+    assert list(outcomes["rules"]) == list(table) and outcomes["seed"] == c.seed and outcomes["k"] == 4
+    for name, outcome in outcomes["rules"].items():
+        assert len(outcome.correct) == saved["problems"]
+        assert table[name]["final_answer_error"]["mean"] == pytest.approx(1.0 - outcome.correct.mean())
     assert os.path.getsize(os.path.join(workdir, "abstention.png")) > 1000
     # Trace errors are compared in pairs, and every step verifier is scored on the first wrong step of the same
     # test samples, which are saved in ProcessBench's layout with their gold from the task's step checker.

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from refiner_jax.models.decoder_config import DecoderConfig
-from refiner_jax.models.layers import MASK_VALUE, Dropout, attend, dense, rms_norm
+from refiner_jax.models.layers import MASK_VALUE, Dropout, attend, cotangent_barrier, dense, rms_norm
 
 Array = jax.Array
 
@@ -316,7 +316,7 @@ class Decoder(nn.Module):
         biases = _layer_biases(self.config, visible, counts, counts)
         x = self.dropout(self._embed(tokens, positions), deterministic=deterministic)
         for layer, bias in zip(self.layers, biases):
-            x, _ = layer(x, positions, bias, deterministic, None, None)
+            x, _ = layer(cotangent_barrier(x), positions, bias, deterministic, None, None)
         return self.final_norm(x)
 
     def __call__(self, tokens: Array, positions: Array | None = None, attention_mask: Array | None = None,

@@ -72,6 +72,44 @@ def _dense_bwd(residuals, g):
 dense.defvjp(_dense_fwd, _dense_bwd)
 
 
+def fusion_boundary(x: Array) -> Array:
+    """`x` unchanged, computed into a buffer of its own on CPU: XLA:CPU fuses no producer of `x` into its consumers.
+
+    XLA:CPU drops `optimization_barrier` before fusing, so the boundary is a conditional whose predicate only the
+    running program knows; both branches return `x`, written differently (`y`, `y * 1`) because JAX drops a
+    conditional whose branches are the same. Elsewhere `x` passes as is: a GPU would sync with the host to read the
+    predicate.
+    """
+    def cpu(x):
+        first = x[(0,) * x.ndim]
+        return jax.lax.cond(first == first, lambda y: y, lambda y: y * 1, x)  # False only for a NaN: the same `x`
+
+    return jax.lax.platform_dependent(x, cpu=cpu, default=lambda y: y)
+
+
+@jax.custom_vjp
+def cotangent_barrier(x: Array) -> Array:
+    """`x` unchanged, whose gradient is computed once into a buffer of its own (`fusion_boundary`): for the residual
+    stream between layers.
+
+    The residual stream's gradient is a long sum (every later layer adds to it). Without a boundary XLA:CPU fuses
+    that chain of adds into each consumer of the gradient, so every layer's kernel-gradient transposes and products
+    recompute the sums of all the layers above it (docs/performance.md).
+    """
+    return x
+
+
+def _cotangent_barrier_fwd(x):
+    return x, None
+
+
+def _cotangent_barrier_bwd(_, g):
+    return (fusion_boundary(g),)
+
+
+cotangent_barrier.defvjp(_cotangent_barrier_fwd, _cotangent_barrier_bwd)
+
+
 def product_over_rows(a: Array, b: Array) -> Array:
     """`a`^T `b` for `a` [..., rows, m] and `b` [..., rows, n] -> [..., m, n], leading axes batched: a product that
     contracts both operands' row axis, as a kernel gradient and attention's key and value gradients do.

@@ -319,12 +319,14 @@ def _statistics(out: Outcome, idx: np.ndarray, kept: int) -> np.ndarray:
 
 def results_table(outcomes: Mapping[str, Outcome], rate: float = 0.3, samples: int = 1000, seed: int = 0,
                   alpha: float = 0.05, more_baselines: Sequence[str] = (),
-                  trace_pairs: Sequence[tuple[str, str]] = ()) -> RulesTable:
+                  trace_pairs: Sequence[tuple[str, str]] = (), strata: Sequence[int] | None = None) -> RulesTable:
     """Final-answer error, trace error and error at `rate` abstention per rule, each with a (1 - alpha)
     percentile-bootstrap interval. Problems are resampled in pairs across rules: every rule is scored on the same
     `samples` resampled problem sets (`stats.resamples`), so rows are comparable. Each rule's final-answer error is
     also differenced, on those sets, from the first rule's and from each rule named in `more_baselines`, and the
-    trace errors of each (A, B) of `trace_pairs` likewise (resampled sets where either has no right answer left out)."""
+    trace errors of each (A, B) of `trace_pairs` likewise (resampled sets where either has no right answer left out).
+    `strata` (group sizes, e.g. several seeds' runs one after another) resamples each group within itself
+    (`stats.resamples`)."""
     if not outcomes:
         raise ValueError("no rules to tabulate")
     if samples < 1 or not 0.0 < alpha < 1.0 or not 0.0 <= rate < 1.0:
@@ -339,7 +341,7 @@ def results_table(outcomes: Mapping[str, Outcome], rate: float = 0.3, samples: i
     n = sizes[0]
     kept = _kept(1.0 - rate, n)
     draws: dict[str, list] = {name: [] for name in outs}
-    for idx in resamples(n, samples, seed):  # [b, n] shared by every rule
+    for idx in resamples(n, samples, seed, strata):  # [b, n] shared by every rule
         for name, o in outs.items():
             draws[name].append(_statistics(o, idx, kept))
     points = {name: _statistics(o, np.arange(n)[None], kept)[0] for name, o in outs.items()}

@@ -41,7 +41,7 @@ from refiner_jax.text_model import TextModel
 from refiner_jax.tasks.base import Example, Task
 from refiner_jax.tasks.dataset_rows import read_step_labels
 from refiner_jax.refiner import stage_data
-from refiner_jax.runs import run_setup, step_studies
+from refiner_jax.runs import run_setup, seed_pool, step_studies
 from refiner_jax.runs import results as results_lib
 from refiner_jax.runs import run_config as config_lib
 from refiner_jax.stats import error_auroc, paired_auroc
@@ -345,9 +345,12 @@ class Run:
             if stage_done(self.workdir, stage) is not None:
                 label = RL_LABELS[reward]
                 outcomes[f"{label} greedy"] = greedy_outcome(self.greedy(stage, f"{stage}_test_greedy", test))
+        trace_pairs = _trace_pairs(outcomes, k)
         table = rerank.results_table(outcomes, rate=c.reward.abstention, samples=c.eval.bootstrap_samples,
-                                     seed=c.seed, more_baselines=(matched_baseline,),
-                                     trace_pairs=_trace_pairs(outcomes, k))
+                                     seed=c.seed, more_baselines=(matched_baseline,), trace_pairs=trace_pairs)
+        _write_json(os.path.join(self.workdir, seed_pool.OUTCOMES_FILE),
+                    seed_pool.outcomes_record(outcomes, seed=c.seed, k=k, rate=c.reward.abstention,
+                                              trace_pairs=trace_pairs))
         first_errors, first_error_deltas = step_studies.first_error_study(self, test, samples, step_scores,
                                                                           step_scorers, critic)
         groups = np.repeat(np.arange(len(test)), k)

@@ -1,0 +1,91 @@
+"""One table over several seeds of the reward job: each run's per-problem outcomes (`outcomes.json`, written by its
+evaluation) pooled rule by rule, with intervals that resample each seed's test problems within that seed.
+
+A seed's own table answers "does this hold on these 1,000 problems"; the pooled one how the rules compare over
+several trained pipelines at once: more problems (seeds x test problems), so tighter intervals, and a different
+model behind every block of them. Abstention keeps the most confident share of all pooled problems.
+
+    python launch/pool_seeds.py DIR_SEED0 DIR_SEED1 DIR_SEED2
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from refiner_jax.reward import rerank
+from refiner_jax.runs import results
+
+OUTCOMES_FILE = "outcomes.json"
+
+
+def outcomes_record(outcomes: Mapping[str, rerank.Outcome], *, seed: int, k: int, rate: float,
+                    trace_pairs: Sequence[tuple[str, str]]) -> dict:
+    """The per-problem results of every rule of one evaluation, as JSON (a confidence of -inf, "no answer", as
+    null)."""
+    def confidence(values: np.ndarray) -> list:
+        return [float(v) if math.isfinite(v) else None for v in np.asarray(values, float)]
+
+    return {"seed": seed, "k": k, "rate": rate, "trace_pairs": [list(p) for p in trace_pairs],
+            "rules": {name: {"correct": np.asarray(o.correct, bool).tolist(), "confidence": confidence(o.confidence),
+                             "steps_correct": None if o.steps_correct is None
+                             else np.asarray(o.steps_correct, bool).tolist()}
+                      for name, o in outcomes.items()}}
+
+
+def read_outcomes(workdir: str) -> dict:
+    """A reward run's `outcomes.json`, its rules as `rerank.Outcome`s."""
+    path = os.path.join(workdir, OUTCOMES_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no per-problem outcomes; evaluate the run with this version first "
+                                f"(python launch/train.py --config={workdir}/config.json --workdir={workdir} "
+                                f"--stages=eval)")
+    with open(path) as f:
+        record = json.load(f)
+    rules = {}
+    for name, r in record["rules"].items():
+        conf = np.array([-np.inf if v is None else v for v in r["confidence"]], float)
+        steps = None if r["steps_correct"] is None else np.asarray(r["steps_correct"], bool)
+        rules[name] = rerank.Outcome(np.asarray(r["correct"], bool), conf, steps)
+    return {**record, "rules": rules}
+
+
+def pool_seeds(workdirs: Sequence[str], samples: int = 1000, alpha: float = 0.05) -> dict:
+    """The rules every run has, each run's problems one stratum: `table` (as a run's results.json), the paired
+    final-answer Δ against "SFT greedy" (`paired_deltas`), the runs' trace-error pairs (`trace_error_delta`) and
+    the table in Markdown (`markdown`)."""
+    if len(workdirs) < 2:
+        raise ValueError(f"pool at least two runs' workdirs, got {len(workdirs)}")
+    runs = [read_outcomes(w) for w in workdirs]
+    seeds = [r["seed"] for r in runs]
+    if len(set(seeds)) < len(seeds):
+        raise ValueError(f"the runs share seeds {seeds}: pool runs of different seeds")
+    for key in ("k", "rate"):
+        if len({r[key] for r in runs}) > 1:
+            raise ValueError(f"the runs differ in {key}: {[r[key] for r in runs]}")
+    names = [n for n in runs[0]["rules"] if all(n in r["rules"] for r in runs)]
+    if "SFT greedy" not in names:
+        raise ValueError("every run needs its 'SFT greedy' rule, the baseline of the paired deltas")
+    names = ["SFT greedy"] + [n for n in names if n != "SFT greedy"]
+    pooled = {}
+    for name in names:
+        parts = [r["rules"][name] for r in runs]
+        steps = (None if any(p.steps_correct is None for p in parts)
+                 else np.concatenate([p.steps_correct for p in parts]))
+        pooled[name] = rerank.Outcome(np.concatenate([p.correct for p in parts]),
+                                      np.concatenate([p.confidence for p in parts]), steps)
+    pairs = [tuple(p) for p in runs[0]["trace_pairs"] if p[0] in pooled and p[1] in pooled]
+    strata = [len(r["rules"]["SFT greedy"].correct) for r in runs]
+    table = rerank.results_table(pooled, rate=runs[0]["rate"], samples=samples, seed=min(seeds), alpha=alpha,
+                                 trace_pairs=pairs, strata=strata)
+    text = (f"Seeds {seeds} pooled, K = {runs[0]['k']}: {table.n_problems} problems ({strata} per seed), each "
+            f"seed's problems resampled within it.\n\n" + results.markdown_table(table) + "\nΔ trace error "
+            "(points, paired): " + "; ".join(f"{pair} {results.format_ci(cell, signed=True)}"
+                                             for pair, cell in table.trace_deltas.items()) + ".\n")
+    return {"seeds": seeds, "workdirs": list(workdirs), "problems_per_seed": strata, "k": runs[0]["k"],
+            "table": table.rows, "paired_deltas": {"baseline": table.baseline, **table.deltas},
+            "trace_error_delta": table.trace_deltas, "rate": table.rate, "problems": table.n_problems,
+            "markdown": text}
