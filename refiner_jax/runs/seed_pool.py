@@ -3,7 +3,9 @@ evaluation) pooled rule by rule, with intervals that resample each seed's test p
 
 A seed's own table answers "does this hold on these 1,000 problems"; the pooled one how the rules compare over
 several trained pipelines at once: more problems (seeds x test problems), so tighter intervals, and a different
-model behind every block of them. Abstention keeps the most confident share of all pooled problems.
+model behind every block of them. The intervals resample test problems, not seeds: they say how sure the pooled
+difference is for these trained models, not for the next seed's. Abstention keeps the most confident share of all
+pooled problems.
 
     python launch/pool_seeds.py DIR_SEED0 DIR_SEED1 DIR_SEED2
 """
