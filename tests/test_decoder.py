@@ -491,7 +491,8 @@ def test_fusion_boundary_passes_values_and_gradients_and_survives_compilation_on
 
     compiled = jax.jit(jax.grad(loss)).lower(params).compile().as_text()
     assert compiled.count(" conditional(") >= config.num_layers
-    # Without the boundary the gradient is the same, bit for bit: it changes what XLA fuses, not what it computes.
+    # Without the boundary the gradient is the same: it changes what XLA fuses, not what it computes (bit for bit on
+    # the machines measured; another fusion may contract a multiply-add differently, so a network's rounding apart).
     bounded = jax.jit(jax.grad(loss))(params)
     original = decoder_module.cotangent_barrier
     decoder_module.cotangent_barrier = lambda v: v
@@ -499,5 +500,6 @@ def test_fusion_boundary_passes_values_and_gradients_and_survives_compilation_on
         plain = jax.jit(jax.grad(loss))(params)
     finally:
         decoder_module.cotangent_barrier = original
+    scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(plain))  # the gradient's overall magnitude
     for a, b in zip(jax.tree.leaves(bounded), jax.tree.leaves(plain)):
-        np.testing.assert_array_equal(a, b)
+        assert_f32_close(a, b, ulps=NETWORK, scale=scale, what="decoder gradient with vs without the boundary")

@@ -82,4 +82,4 @@ def test_pool_refuses_what_it_cannot_pool(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "pool_seeds.py"), str(tmp_path / "a"),
                            str(tmp_path / "missing")], capture_output=True, text=True)
     assert proc.returncode != 0
-    assert "outcomes.json" in proc.stderr and "--stages=eval" in proc.stderr
+    assert "outcomes.json" in proc.stderr and "--stages=rl,eval" in proc.stderr

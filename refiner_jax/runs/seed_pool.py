@@ -42,9 +42,9 @@ def read_outcomes(workdir: str) -> dict:
     """A reward run's `outcomes.json`, its rules as `rerank.Outcome`s."""
     path = os.path.join(workdir, OUTCOMES_FILE)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no per-problem outcomes; evaluate the run with this version first "
-                                f"(python launch/train.py --config={workdir}/config.json --workdir={workdir} "
-                                f"--stages=eval)")
+        raise FileNotFoundError(f"{path}: no per-problem outcomes; evaluate the run again with this version: delete "
+                                f"{workdir}/eval and {workdir}/results.json, then run its launch/train.py command "
+                                f"with --workdir={workdir} --stages=rl,eval")
     with open(path) as f:
         record = json.load(f)
     rules = {}
