@@ -21,8 +21,8 @@ one device.
 
 On Linux the bench first starts itself again with a faster malloc (`refiner_jax.cpu`: jemalloc where installed, else
 glibc's transparent huge pages), as `launch/train.py` does; both sides run under it, and the JSON records `malloc`.
-`REFINER_JAX_MALLOC=glibc` measures with glibc's malloc on huge pages; `GLIBC_TUNABLES=glibc.malloc.hugetlb=0` added
-to it, on 4 KiB pages.
+`REFINER_JAX_MALLOC=glibc` measures with glibc's malloc on huge pages, `REFINER_JAX_MALLOC=glibc-retain` with glibc
+keeping freed memory, `REFINER_JAX_MALLOC=system` with the malloc and settings the process started with.
 """
 from __future__ import annotations
 

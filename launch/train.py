@@ -9,8 +9,8 @@ evaluation) or reward models (SFT policy, ORM, PRM, expert iteration, K-sample s
 Rerunning with the same --workdir skips finished stages and resumes an interrupted one. The logic lives in
 `refiner_jax.runs.refiner_run` and `refiner_jax.runs.reward_run`; this file only parses flags. On Linux it first
 starts itself again with a faster malloc for XLA:CPU (`refiner_jax.cpu`: jemalloc where installed, else glibc's
-transparent huge pages; `REFINER_JAX_MALLOC=glibc` keeps glibc's malloc, `GLIBC_TUNABLES=glibc.malloc.hugetlb=0` its
-small pages).
+transparent huge pages; `REFINER_JAX_MALLOC=glibc` keeps glibc's malloc, `REFINER_JAX_MALLOC=glibc-retain` keeps it
+and its freed memory, `REFINER_JAX_MALLOC=system` the malloc and settings the process started with).
 """
 if __name__ == "__main__":  # before JAX starts or any flag is read
     from refiner_jax import cpu

@@ -1,5 +1,5 @@
-"""`refiner_jax.cpu`: when the launchers restart with a faster malloc (jemalloc, or glibc's huge pages), and what the
-restart changes.
+"""`refiner_jax.cpu`: when the launchers restart with a faster malloc (jemalloc, glibc's huge pages, or glibc tuned to
+reuse freed memory), and what the restart changes.
 
 The behaviour checks run a script in a subprocess, as the launchers run: it restarts itself, then counts the page
 faults of a jitted function whose temporary buffer glibc maps afresh on every call.
@@ -28,44 +28,63 @@ def linux_glibc_thp(monkeypatch, tmp_path):
     return setting
 
 
+RETAIN = ":".join(cpu.GLIBC_RETAIN)
+HUGE = "glibc.malloc.hugetlb=1"
+
+
 def test_tunables_added_to_an_empty_or_existing_setting(linux_glibc_thp):
-    assert cpu.huge_page_tunables({}) == "glibc.malloc.hugetlb=1"
-    assert cpu.huge_page_tunables({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == \
-        "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    assert cpu.glibc_tunables({}) == HUGE
+    assert cpu.glibc_tunables({}, retain=True) == f"{RETAIN}:{HUGE}"
+    assert cpu.GLIBC_RETAIN == ("glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0",
+                                "glibc.malloc.trim_threshold=4611686018427387904")
+    assert cpu.glibc_tunables({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == f"glibc.malloc.arena_max=2:{HUGE}"
 
 
-def test_an_explicit_hugetlb_setting_wins(linux_glibc_thp):
-    assert cpu.huge_page_tunables({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is None
-    assert cpu.huge_page_tunables({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"}) is None
+def test_each_tunable_already_set_wins(linux_glibc_thp):
+    assert cpu.glibc_tunables({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is None
+    assert cpu.glibc_tunables({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, retain=True) == \
+        f"glibc.malloc.hugetlb=0:{RETAIN}"
+    assert cpu.glibc_tunables({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, retain=True) == (
+        "glibc.malloc.arena_max=2:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4611686018427387904:"
+        f"{HUGE}")
+    assert cpu.glibc_tunables({"GLIBC_TUNABLES": f"{HUGE}:{RETAIN}"}, retain=True) is None
 
 
-def test_nothing_to_add_without_thp_or_a_recent_glibc(linux_glibc_thp, monkeypatch):
+def test_huge_pages_need_thp_and_glibc_2_35_and_every_tunable_a_linux_glibc(linux_glibc_thp, monkeypatch):
     linux_glibc_thp.write_text("always madvise [never]\n")
-    assert cpu.huge_page_tunables({}) is None
+    assert cpu.glibc_tunables({}) is None
+    assert cpu.glibc_tunables({}, retain=True) == RETAIN
     linux_glibc_thp.write_text("[always] madvise never\n")
-    assert cpu.huge_page_tunables({}) == "glibc.malloc.hugetlb=1"
+    assert cpu.glibc_tunables({}) == HUGE
     monkeypatch.setattr(cpu.platform, "libc_ver", lambda: ("glibc", "2.34"))
-    assert cpu.huge_page_tunables({}) is None
+    assert cpu.glibc_tunables({}) is None
+    assert cpu.glibc_tunables({}, retain=True) == RETAIN
+    monkeypatch.setattr(cpu.platform, "libc_ver", lambda: ("glibc", "2.25"))  # before GLIBC_TUNABLES existed
+    assert cpu.glibc_tunables({}, retain=True) is None
     monkeypatch.setattr(cpu.platform, "libc_ver", lambda: ("", ""))  # musl, or not found
-    assert cpu.huge_page_tunables({}) is None
+    assert cpu.glibc_tunables({}, retain=True) is None
     monkeypatch.setattr(cpu.platform, "libc_ver", lambda: ("glibc", "2.36"))
     monkeypatch.setattr(cpu, "THP_SETTING", str(linux_glibc_thp.parent / "missing"))
-    assert cpu.huge_page_tunables({}) is None
+    assert cpu.glibc_tunables({}) is None
     monkeypatch.setattr(cpu, "THP_SETTING", str(linux_glibc_thp))
     monkeypatch.setattr(cpu.sys, "platform", "darwin")
-    assert cpu.huge_page_tunables({}) is None
+    assert cpu.glibc_tunables({}, retain=True) is None
 
 
 def test_jemalloc_is_preloaded_unless_opted_out_or_another_preload_is_set(linux_glibc_thp):
     jemalloc = "libjemalloc.so.2"
     assert cpu.malloc_environment({}, jemalloc) == {"LD_PRELOAD": jemalloc, "MALLOC_CONF": cpu.JEMALLOC_CONF}
     assert cpu.malloc_environment({"MALLOC_CONF": "narenas:2"}, jemalloc) == {"LD_PRELOAD": jemalloc}
-    glibc = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    glibc = {"GLIBC_TUNABLES": HUGE}
     assert cpu.malloc_environment({cpu.MALLOC_CHOICE: "glibc"}, jemalloc) == glibc
     assert cpu.malloc_environment({"LD_PRELOAD": "libtcmalloc.so.4"}, jemalloc) == glibc
     assert cpu.malloc_environment({}, None) == glibc  # not installed
     assert cpu.malloc_environment({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, None) == {}
-    with pytest.raises(ValueError, match="REFINER_JAX_MALLOC='tcmalloc'.*'jemalloc'.*'glibc'"):
+    assert cpu.malloc_environment({cpu.MALLOC_CHOICE: "glibc-retain"}, jemalloc) == {
+        "GLIBC_TUNABLES": f"{RETAIN}:{HUGE}"}
+    assert cpu.malloc_environment({cpu.MALLOC_CHOICE: "system"}, jemalloc) == {}
+    assert cpu.malloc_environment({cpu.MALLOC_CHOICE: "system"}, None) == {}
+    with pytest.raises(ValueError, match="REFINER_JAX_MALLOC='tcmalloc'.*'jemalloc'.*'glibc'.*'glibc-retain'.*'system'"):
         cpu.malloc_environment({cpu.MALLOC_CHOICE: "tcmalloc"}, jemalloc)
 
 
@@ -119,20 +138,36 @@ def _run(tmp_path, env_tunables, *python_options, malloc="glibc", **extra_env):
     return lines.count("started"), json.loads(lines[-1])
 
 
-@pytest.mark.skipif(cpu.huge_page_tunables({}) is None,
+@pytest.mark.skipif(cpu.glibc_tunables({}) is None,
                     reason="needs Linux, glibc >= 2.35 and transparent huge pages not disabled")
 def test_restart_sets_the_tunable_and_removes_the_per_call_page_faults(tmp_path):
     starts, report = _run(tmp_path, None)
     assert starts == 2 and report["tunables"] == "glibc.malloc.hugetlb=1"
     assert report["argv"] == ["--flag=1", "x"]
-    assert report["faults"] < report["pages"] / 4, report  # 2 MiB pages: a few dozen faults instead of thousands
+    assert 2 < report["faults"] < report["pages"] / 4, report  # mapped afresh, 2 MiB pages: a few dozen faults
 
     starts, report = _run(tmp_path, "glibc.malloc.hugetlb=0")  # opted out: no restart, a fault per 4 KiB page
     assert starts == 1 and report["tunables"] == "glibc.malloc.hugetlb=0"
     assert report["faults"] > report["pages"] / 2, report
 
+    starts, report = _run(tmp_path, None, malloc="system")  # nothing changed: no restart, a fault per 4 KiB page
+    assert starts == 1 and report["tunables"] is None and report["malloc"] == "glibc"
+    assert report["faults"] > report["pages"] / 2, report
 
-@pytest.mark.skipif(cpu.huge_page_tunables({}) is None,
+
+@pytest.mark.skipif(cpu.glibc_tunables({}, retain=True) is None, reason="needs Linux with glibc >= 2.26")
+def test_glibc_retain_reuses_the_freed_buffer(tmp_path):
+    starts, report = _run(tmp_path, None, malloc="glibc-retain")
+    assert starts == 2 and report["tunables"] == cpu.glibc_tunables({}, retain=True)
+    assert report["malloc"].startswith("glibc (arena_max=1, mmap_max=0, trim_threshold=4611686018427387904")
+    assert report["faults"] <= 2, report  # the freed buffer's pages are reused: no fault per page
+
+    # Each thread's own arena (the one tunable set back): the block is mapped afresh on every call again.
+    starts, report = _run(tmp_path, "glibc.malloc.arena_max=16:glibc.malloc.hugetlb=0", malloc="glibc-retain")
+    assert starts == 2 and report["faults"] > report["pages"] / 2, report
+
+
+@pytest.mark.skipif(cpu.glibc_tunables({}) is None,
                     reason="needs Linux, glibc >= 2.35 and transparent huge pages not disabled")
 def test_a_restarted_process_does_not_restart_again(tmp_path):
     """Where the restarted process's environment lost the tunable, it runs on instead of restarting again."""
@@ -140,7 +175,7 @@ def test_a_restarted_process_does_not_restart_again(tmp_path):
     assert starts == 1 and report["tunables"] is None
 
 
-@pytest.mark.skipif(cpu.huge_page_tunables({}) is None,
+@pytest.mark.skipif(cpu.glibc_tunables({}) is None,
                     reason="needs Linux, glibc >= 2.35 and transparent huge pages not disabled")
 def test_an_interactive_session_is_not_restarted(tmp_path):
     starts, report = _run(tmp_path, None, "-i")  # `python -i script`: the REPL follows the script (stdin: EOF)
