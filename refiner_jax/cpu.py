@@ -10,11 +10,10 @@ read when a process starts (measurements: docs/performance.md):
   the last one. The process keeps its peak memory until it exits.
 - otherwise glibc's tunable `glibc.malloc.hugetlb=1` (glibc 2.35 and later, where the kernel has transparent huge
   pages), which makes malloc ask for 2 MiB pages: a fault per 2 MiB instead of per 4 KiB.
-- `REFINER_JAX_MALLOC=glibc-retain` adds `GLIBC_RETAIN` to that: one arena for every thread (glibc maps a large
-  block over 64 MiB that another thread asks for on its own, whatever the thresholds, and XLA asks on its worker
-  threads), no
-  separately mapped blocks and no trimming, so freed memory is reused as with jemalloc. Large models' training steps
-  gain most; the one arena's lock costs the sampler and the compiler some of their speed.
+- `REFINER_JAX_MALLOC=glibc-retain` adds `GLIBC_RETAIN` to that: one arena for every thread (glibc maps a block
+  over 64 MiB that another thread asks for on its own, whatever the thresholds, and XLA asks on its worker threads),
+  no separately mapped blocks and no trimming, so freed memory is reused as with jemalloc. Large models' training
+  steps gain most; the one arena's lock costs the sampler and the compiler some of their speed.
 
 `restart_with_fast_malloc` starts the running script again with them set; the launchers call it first thing.
 `REFINER_JAX_MALLOC=glibc` keeps glibc's malloc with huge pages, `REFINER_JAX_MALLOC=system` the malloc and settings
