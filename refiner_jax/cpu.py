@@ -167,4 +167,5 @@ def expose_host_devices(count: int, environ: MutableMapping[str, str] = os.envir
 
 
 __all__ = ["GLIBC_RETAIN", "HOST_DEVICES_FLAG", "HUGE_PAGES", "JEMALLOC_CONF", "MALLOC_CHOICE", "MALLOC_CHOICES",
-           "expose_host_devices", "find_jemalloc", "glibc_tunables", "malloc_environment", "malloc_in_use", "restart_with_fast_malloc"]
+           "expose_host_devices", "find_jemalloc", "glibc_tunables", "malloc_environment", "malloc_in_use",
+           "restart_with_fast_malloc"]

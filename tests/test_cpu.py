@@ -42,6 +42,7 @@ def test_tunables_added_to_an_empty_or_existing_setting(linux_glibc_thp):
 
 def test_each_tunable_already_set_wins(linux_glibc_thp):
     assert cpu.glibc_tunables({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is None
+    assert cpu.glibc_tunables({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"}) is None
     assert cpu.glibc_tunables({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, retain=True) == \
         f"glibc.malloc.hugetlb=0:{RETAIN}"
     assert cpu.glibc_tunables({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, retain=True) == (
@@ -84,7 +85,8 @@ def test_jemalloc_is_preloaded_unless_opted_out_or_another_preload_is_set(linux_
         "GLIBC_TUNABLES": f"{RETAIN}:{HUGE}"}
     assert cpu.malloc_environment({cpu.MALLOC_CHOICE: "system"}, jemalloc) == {}
     assert cpu.malloc_environment({cpu.MALLOC_CHOICE: "system"}, None) == {}
-    with pytest.raises(ValueError, match="REFINER_JAX_MALLOC='tcmalloc'.*'jemalloc'.*'glibc'.*'glibc-retain'.*'system'"):
+    with pytest.raises(ValueError,
+                       match="REFINER_JAX_MALLOC='tcmalloc'.*'jemalloc'.*'glibc'.*'glibc-retain'.*'system'"):
         cpu.malloc_environment({cpu.MALLOC_CHOICE: "tcmalloc"}, jemalloc)
 
 
@@ -164,7 +166,6 @@ def test_glibc_retain_reuses_the_freed_buffer(tmp_path):
     assert starts == 2 and report["tunables"] == cpu.glibc_tunables({}, retain=True)
     assert report["malloc"].startswith("glibc (arena_max=1, mmap_max=0, trim_threshold=4611686018427387904")
     assert report["faults"] <= 2, report  # the freed buffer's pages are reused: no fault per page
-
 
 
 _THREAD_SCRIPT = """
