@@ -36,6 +36,8 @@ def test_decoder_pair_batch_layout_by_hand():
     np.testing.assert_array_equal(batch["tokens"], [[5, 6, 1, 8, 1, 0], [7, 1, 9, 9, 1, 0]])  # target cut, EOS kept
     np.testing.assert_array_equal(batch["mask"], [[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 0]])
     np.testing.assert_array_equal(batch["weights"], [[0, 0, 0, 1, 1, 0], [0, 0, 1, 1, 1, 0]])
+    # The positions whose next-token logits predict the target (8, EOS; 9, 9, EOS); -1 past the target's end.
+    np.testing.assert_array_equal(batch["target_index"], [[2, 3, -1], [1, 2, 3]])
     t5 = LanguageModel(t5_preset("t5-tiny")).pair_batch([[5, 6, 1]], [[8, 1]], 4, 3, 1)
     np.testing.assert_array_equal(t5["inputs"], [[5, 6, 1, 0]])
     np.testing.assert_array_equal(t5["targets"], [[8, 1, 0]])
@@ -79,6 +81,34 @@ def test_decoder_pair_loss_ignores_prompt_tokens():
     nll = -np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), np.asarray(targets)[..., None], -1)[..., 0]
     want = (nll * np.asarray(weights)).sum()  # non-negative terms: the sum is their magnitude
     check_close("pair loss vs hand sum", abs(float(loss_sum) - want), ulps=REORDER, scale=want)
+
+
+def test_decoder_target_part_logits_equal_the_whole_rows():
+    """The loss over the target part only (`target_index`: the output layer at target_len positions a row) gives
+    the same log-probs, loss and gradient as the output layer over every position of the same rows."""
+    tok, lm, params = _decoder()
+    module = lm.module()
+    rng = np.random.default_rng(1)
+    prompts = [tok.encode("".join(rng.choice(list("abc +1"), n))) for n in (3, 9, 1, 14, 6, 0)]
+    targets = [tok.encode("".join(rng.choice(list("xyz=2"), n))) for n in (2, 7, 0, 5, 12, 3)]  # the 12 is cut
+    part = {k: jnp.asarray(v) for k, v in lm.pair_batch(prompts, targets, 16, 8, tok.eos_id).items()}
+    whole = {k: v for k, v in part.items() if k != "target_index"}
+    logits, _, weights = lm.target_logits(module, params, part)
+    assert logits.shape[1] == 8 and float(jnp.sum(weights)) == 3 + 8 + 1 + 6 + 8 + 4  # targets + EOS, cut at 8
+
+    def weighted_log_probs(batch):
+        logits, tgt, w = lm.target_logits(module, params, batch)
+        lp = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), np.asarray(tgt)[..., None], -1)[..., 0]
+        return np.sort(lp[np.asarray(w) > 0])
+    assert_f32_close(weighted_log_probs(part), weighted_log_probs(whole), ulps=NETWORK, what="target-part log-probs")
+    loss = pair_loss(lm, module)
+    (loss0, sums0), grads0 = jax.value_and_grad(loss, has_aux=True)(params, whole, None)
+    (loss1, sums1), grads1 = jax.value_and_grad(loss, has_aux=True)(params, part, None)
+    assert float(sums1["tokens"]) == float(sums0["tokens"])
+    check_close("target-part loss", abs(float(loss1) - float(loss0)), ulps=NETWORK, scale=float(loss0))
+    scale = max(float(np.abs(g).max()) for g in jax.tree_util.tree_leaves(grads0))
+    for a, b in zip(jax.tree_util.tree_leaves(grads0), jax.tree_util.tree_leaves(grads1)):
+        assert_f32_close(b, a, ulps=NETWORK, scale=scale, what="target-part gradient")
 
 
 def test_packed_pair_batch_layout_by_hand():

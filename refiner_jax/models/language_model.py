@@ -192,6 +192,10 @@ class LanguageModel:
         `targets` [b, target_len]. Decoder: `tokens` [b, input_len + target_len] = prompt then target, `mask` at
         real tokens and `weights` at target tokens.
 
+        Unpacked decoder rows also carry `target_index` [b, target_len]: the position in the row whose next-token
+        logit predicts each target token (-1 past the target's end), so that the loss computes the output layer
+        over the target part only, a fraction target_len / (input_len + target_len) of the row.
+
         `pack` > 0 (decoder only) packs the pairs, first fit by decreasing length, into rows of the same length
         with `segments` (1, 2, ... per pair, 0 = padding) in place of `mask`; the row count is rounded up to a
         multiple of `pack` and of about b/8, so a stage's train step compiles for a few row counts (at most eight).
@@ -219,7 +223,11 @@ class LanguageModel:
                 at += len(p) + len(t)
         if pack:
             return {"tokens": tokens, "segments": segments, "weights": weights}
-        return {"tokens": tokens, "mask": (segments > 0).astype(np.int32), "weights": weights}
+        target_index = np.full((b, target_len), -1, np.int32)
+        for i, (p, t) in enumerate(zip(prompts, targets)):
+            target_index[i, :len(t)] = np.arange(len(p) - 1, len(p) - 1 + len(t))
+        return {"tokens": tokens, "mask": (segments > 0).astype(np.int32), "weights": weights,
+                "target_index": target_index}
 
     def text_pair_batch(self, tokenizer, pairs: Sequence[tuple[str, str]], input_len: int, target_len: int,
                         pack: int = 0) -> dict[str, np.ndarray]:
@@ -243,7 +251,8 @@ class LanguageModel:
     def target_logits(self, module: nn.Module, params: Any, batch: dict, rng: jax.Array | None = None
                       ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """(logits [b, t, vocab] float32, targets [b, t], weights [b, t]) of a `pair_batch`, teacher-forced, with
-        dropout when `rng` is given: logits[:, j] predict targets[:, j]."""
+        dropout when `rng` is given: logits[:, j] predict targets[:, j]. A decoder's unpacked rows give the target
+        part only (`target_index`); packed rows every position but the last."""
         rngs = None if rng is None else {"dropout": rng}
         if self.family == "t5":
             targets = batch["targets"]
@@ -252,9 +261,18 @@ class LanguageModel:
             weights = batch["weights"] if "weights" in batch else (targets != 0).astype(jnp.float32)
             return logits, targets, weights
         tokens = batch["tokens"]
-        logits = module.apply({"params": params}, tokens, attention_mask=batch.get("mask"),
-                              segment_ids=batch.get("segments"), deterministic=rng is None, rngs=rngs)
-        return logits[:, :-1], tokens[:, 1:], batch["weights"][:, 1:]
+        hidden = module.apply({"params": params}, tokens, attention_mask=batch.get("mask"),
+                              segment_ids=batch.get("segments"), deterministic=rng is None, rngs=rngs,
+                              method="hidden_states")  # [b, len, d_model]
+        if "target_index" not in batch:  # packed rows: every position but the last predicts a token
+            logits = module.apply({"params": params}, hidden[:, :-1], method="logits")
+            return logits, tokens[:, 1:], batch["weights"][:, 1:]
+        index = batch["target_index"]  # [b, t]: the position predicting each target token, -1 past the end
+        at = jnp.maximum(index, 0)
+        logits = module.apply({"params": params}, jnp.take_along_axis(hidden, at[..., None], axis=1), method="logits")
+        targets = jnp.take_along_axis(tokens, at + 1, axis=1)
+        weights = jnp.where(index >= 0, jnp.take_along_axis(batch["weights"], at + 1, axis=1), 0.0)
+        return logits, targets, weights
 
     def sample(self, params: Any, prompts: np.ndarray, rng: jax.Array, *, max_new_tokens: int, num_samples: int,
                temperature: float, top_p: float, mesh=None, target_prefix: np.ndarray | None = None,
