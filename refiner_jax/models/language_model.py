@@ -265,8 +265,8 @@ class LanguageModel:
                               segment_ids=batch.get("segments"), deterministic=rng is None, rngs=rngs,
                               method="hidden_states")  # [b, len, d_model]
         if "target_index" not in batch:  # packed rows: every position but the last predicts a token
-            logits = module.apply({"params": params}, hidden[:, :-1], method="logits")
-            return logits, tokens[:, 1:], batch["weights"][:, 1:]
+            logits = module.apply({"params": params}, hidden, method="logits")
+            return logits[:, :-1], tokens[:, 1:], batch["weights"][:, 1:]
         index = batch["target_index"]  # [b, t]: the position predicting each target token, -1 past the end
         at = jnp.maximum(index, 0)
         logits = module.apply({"params": params}, jnp.take_along_axis(hidden, at[..., None], axis=1), method="logits")

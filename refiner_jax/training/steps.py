@@ -262,10 +262,9 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, mesh: Mes
     ``nonfinite_skips`` and, when ``schedule`` is given, ``learning_rate``. The input state is donated (its buffers
     are reused); do not touch it after the call.
 
-    A batch whose loss or gradient norm is not finite (NaN or inf) changes nothing: parameters and optimizer state
-    keep their values bit for bit (a conditional inside the program, no host sync; the update runs, in place, only
-    on finite gradients) and ``nonfinite_skips`` is 1 instead of 0. Finite gradients give finite updates with the
-    optimizers of `make_optimizer` (AdamW divides by sqrt(nu) + eps, Adafactor by second moments floored at eps). ``state.step`` still advances, so it counts batches consumed: the data order and dropout keys move
+    A batch whose loss, gradient norm or update is not finite (NaN or inf) changes nothing: parameters and optimizer
+    state keep their values bit for bit (a select inside the program, no host sync) and ``nonfinite_skips`` is 1
+    instead of 0. ``state.step`` still advances, so it counts batches consumed: the data order and dropout keys move
     on past the bad batch, while the optimizer's own count (its schedule position, Adam's bias correction) counts
     only the updates applied. `training.loop` stops a stage after too many skips in a row.
 
@@ -328,22 +327,20 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, mesh: Mes
         grads, sums = grads_and_sums(state.params, batch, step_rng)
         denom = jnp.maximum(sums["tokens"], 1.0)
         grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, state.params)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
         metrics = mean_metrics(sums)
         metrics["grad_norm"] = optax.tree.norm(grads)
-        # The whole batch's reduced loss and gradient (every shard and microbatch added).
-        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
-
-        def update(operands):
-            params, opt_state, grads = operands
-            updates, opt_state = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
-
-        params, opt_state = jax.lax.cond(finite, update, lambda operands: operands[:2],
-                                         (state.params, state.opt_state, grads))
+        # The whole batch's reduced loss and gradient (every shard and microbatch added), and the update itself.
+        finite = (jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+                  & jnp.isfinite(optax.tree.norm(updates)))
+        params = optax.apply_updates(state.params, updates)
+        keep_old = functools.partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
         metrics["nonfinite_skips"] = jnp.where(finite, 0.0, 1.0)
         if schedule is not None:
             metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
-        return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+        new_state = state.replace(step=state.step + 1, params=keep_old(params, state.params),
+                                  opt_state=keep_old(opt_state, state.opt_state))
+        return new_state, metrics
 
     jitted = jax.jit(step_fn, in_shardings=(state_shardings, batch_sh),
                      out_shardings=(state_shardings, shd.replicated(mesh)),
