@@ -3,7 +3,8 @@
     python launch/pool_seeds.py DIR_SEED0 DIR_SEED1 DIR_SEED2 [--out pooled.json] [--samples 1000]
 
 Each DIR is a reward run's workdir (`launch/train.py --config=configs/rm_mwp.py... --config.seed=S`) whose evaluation
-wrote `outcomes.json`. Prints the pooled table in Markdown; `--out` also writes it and the intervals as JSON.
+wrote `outcomes.json`; where every run also saved `eval/first_error_predictions.json`, the verifiers' first-error
+scores are pooled too. Prints the pooled table in Markdown; `--out` also writes it and the intervals as JSON.
 """
 import argparse
 import json

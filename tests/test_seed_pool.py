@@ -71,6 +71,42 @@ def test_pooled_table_against_hand_worked_values(tmp_path):
     assert "PRM rerank (K=2) - SFT greedy" in pooled["markdown"]
 
 
+def _write_first_errors(path, uids, gold, predictions):
+    os.makedirs(os.path.join(path, "eval"), exist_ok=True)
+    with open(os.path.join(path, seed_pool.FIRST_ERROR_FILE), "w") as f:
+        json.dump({"thresholds": {}, "uids": uids, "gold": gold, "predictions": predictions}, f)
+
+
+def test_pooled_first_errors_against_hand_worked_values(tmp_path):
+    rules = {"SFT greedy": _outcome([1, 0], [1, 0])}
+    # Two problems per seed, each with a sample wrong at step 0 and a clean one. Seed 0: the PRM is exact and the
+    # ORM passes everything; seed 1: the PRM blames every sample and the ORM is exact.
+    gold = [0, -1, 0, -1]
+    runs = {0: (["a0/0", "a0/1", "a1/0", "a1/1"], {"prm": [0, -1, 0, -1], "orm": [-1, -1, -1, -1],
+                                                  "critic": [0, 0, 0, 0]}),
+            1: (["b0/0", "b0/1", "b1/0", "b1/1"], {"prm": [0, 0, 0, 0], "orm": [0, -1, 0, -1]})}
+    dirs = []
+    for seed, (uids, predictions) in runs.items():
+        dirs.append(str(tmp_path / f"seed{seed}"))
+        _write_run(dirs[-1], seed, rules, [])
+        _write_first_errors(dirs[-1], uids, gold, predictions)
+    pooled = seed_pool.pool_seeds(dirs, samples=300)
+    assert set(pooled["first_error"]) == {"prm", "orm"}  # the critic is missing from seed 1
+    prm, orm = pooled["first_error"]["prm"], pooled["first_error"]["orm"]
+    # PRM: 4 of 4 errors located, 2 of 4 clean samples passed; ORM: 2 of 4 located, 4 of 4 passed.
+    assert prm["acc_erroneous"]["mean"] == pytest.approx(1.0) and prm["acc_correct"]["mean"] == pytest.approx(0.5)
+    assert orm["acc_erroneous"]["mean"] == pytest.approx(0.5) and orm["acc_correct"]["mean"] == pytest.approx(1.0)
+    assert prm["f1"]["mean"] == pytest.approx(2 / 3) and orm["f1"]["mean"] == pytest.approx(2 / 3)
+    # Each seed's two problems are resampled within the seed, so every set keeps two of each seed's: the PRM passes
+    # exactly half of the clean samples in every one of them.
+    assert prm["acc_correct"]["low"] == pytest.approx(0.5) and prm["acc_correct"]["high"] == pytest.approx(0.5)
+    delta = pooled["first_error_delta"]["prm - orm"]
+    assert delta["mean"] == pytest.approx(0.0) and delta["low"] == pytest.approx(0.0)
+    assert "prm - orm" in pooled["markdown"]
+    os.remove(os.path.join(dirs[1], seed_pool.FIRST_ERROR_FILE))
+    assert "first_error" not in seed_pool.pool_seeds(dirs, samples=50)  # a run without predictions: no pooled scores
+
+
 def test_pool_refuses_what_it_cannot_pool(tmp_path):
     rules = {"SFT greedy": _outcome([1, 0], [1, 0])}
     _write_run(str(tmp_path / "a"), 0, rules, [])

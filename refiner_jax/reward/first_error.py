@@ -20,6 +20,9 @@ from refiner_jax.tasks.base import NO_HINT
 from refiner_jax.tasks.step_label_files import StepRecord
 
 METRICS = ("f1", "acc_erroneous", "acc_correct")
+# The F1 differences a reward run reports, among the verifiers it has (A - B).
+PAIRS = (("prm", "orm"), ("prm", "policy_log_prob"), ("orm", "policy_log_prob"), ("prm", "prm_rollouts"),
+         ("prm", "critic"))
 _STEP_REF = re.compile(r"#\s*(\d+)")
 
 
@@ -81,10 +84,11 @@ def critic_first_error(feedback: str, n_steps: int) -> int:
 
 def scores(gold: Sequence[int], predictions: Mapping[str, Sequence[int]], groups: Sequence[int] | None = None,
            samples: int = 1000, seed: int = 0, alpha: float = 0.05,
-           pairs: Sequence[tuple[str, str]] = ()) -> tuple[dict, dict]:
+           pairs: Sequence[tuple[str, str]] = (), strata: Sequence[int] | None = None) -> tuple[dict, dict]:
     """({verifier: {metric: {mean, low, high}}}, {"A - B": {mean, low, high}} for the F1 of each pair): every
     verifier scored on the same cases and the same resampled sets of `groups` (a problem id per case; default each
-    case its own)."""
+    case its own). `strata`: numbers of consecutive groups in sorted id order (e.g. each seed's problems) that are
+    each resampled within themselves."""
     gold = np.asarray(gold)
     preds = {name: np.asarray(p) for name, p in predictions.items()}
     for name, p in preds.items():
@@ -112,7 +116,7 @@ def scores(gold: Sequence[int], predictions: Mapping[str, Sequence[int]], groups
         return np.stack([f1, a, b], axis=-1)
 
     point = {name: metrics(c.sum(axis=0)) for name, c in counts.items()}
-    draws = {name: np.concatenate([metrics(c[idx].sum(axis=1)) for idx in resamples(n_groups, samples, seed)])
+    draws = {name: np.concatenate([metrics(c[idx].sum(axis=1)) for idx in resamples(n_groups, samples, seed, strata)])
              for name, c in counts.items()}  # [samples, 3]
     table = {name: {m: interval(point[name][j], draws[name][:, j], alpha) for j, m in enumerate(METRICS)}
              for name in preds}

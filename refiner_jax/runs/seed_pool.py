@@ -5,7 +5,7 @@ A seed's own table answers "does this hold on these 1,000 problems"; the pooled 
 several trained pipelines at once: more problems (seeds x test problems), so tighter intervals, and a different
 model behind every block of them. The intervals resample test problems, not seeds: they say how sure the pooled
 difference is for these trained models, not for the next seed's. Abstention keeps the most confident share of all
-pooled problems.
+pooled problems. The verifiers' first-error predictions (`eval/first_error_predictions.json`) are pooled the same way.
 
     python launch/pool_seeds.py DIR_SEED0 DIR_SEED1 DIR_SEED2
 """
@@ -18,10 +18,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from refiner_jax.reward import rerank
+from refiner_jax.reward import first_error, rerank
 from refiner_jax.runs import results
 
 OUTCOMES_FILE = "outcomes.json"
+FIRST_ERROR_FILE = os.path.join("eval", "first_error_predictions.json")  # written by `runs.step_studies`
 
 
 def outcomes_record(outcomes: Mapping[str, rerank.Outcome], *, seed: int, k: int, rate: float,
@@ -57,8 +58,9 @@ def read_outcomes(workdir: str) -> dict:
 
 def pool_seeds(workdirs: Sequence[str], samples: int = 1000, alpha: float = 0.05) -> dict:
     """The rules every run has, each run's problems one stratum: `table` (as a run's results.json), the paired
-    final-answer Δ against "SFT greedy" (`paired_deltas`), the runs' trace-error pairs (`trace_error_delta`) and
-    the table in Markdown (`markdown`)."""
+    final-answer Δ against "SFT greedy" (`paired_deltas`), the runs' trace-error pairs (`trace_error_delta`), the
+    pooled first-error scores where every run saved its predictions (`pool_first_errors`) and the table in Markdown
+    (`markdown`)."""
     if len(workdirs) < 2:
         raise ValueError(f"pool at least two runs' workdirs, got {len(workdirs)}")
     runs = [read_outcomes(w) for w in workdirs]
@@ -87,7 +89,46 @@ def pool_seeds(workdirs: Sequence[str], samples: int = 1000, alpha: float = 0.05
             f"seed's problems resampled within it.\n\n" + results.markdown_table(table) + "\nΔ trace error "
             "(points, paired): " + "; ".join(f"{pair} {results.format_ci(cell, signed=True)}"
                                              for pair, cell in table.trace_deltas.items()) + ".\n")
-    return {"seeds": seeds, "workdirs": list(workdirs), "problems_per_seed": strata, "k": runs[0]["k"],
-            "table": table.rows, "paired_deltas": {"baseline": table.baseline, **table.deltas},
-            "trace_error_delta": table.trace_deltas, "rate": table.rate, "problems": table.n_problems,
-            "markdown": text}
+    out = {"seeds": seeds, "workdirs": list(workdirs), "problems_per_seed": strata, "k": runs[0]["k"],
+           "table": table.rows, "paired_deltas": {"baseline": table.baseline, **table.deltas},
+           "trace_error_delta": table.trace_deltas, "rate": table.rate, "problems": table.n_problems}
+    firsts = pool_first_errors(workdirs, samples=samples, seed=min(seeds), alpha=alpha)
+    if firsts is not None:
+        out.update(firsts)
+        text += ("\nFirst-error F1 (%), pooled: " + "; ".join(
+            f"{name} {results.format_ci(cell['f1'])}" for name, cell in firsts["first_error"].items())
+            + ".\nΔ first-error F1 (points, paired): " + "; ".join(
+            f"{pair} {results.format_ci(cell, signed=True)}" for pair, cell in firsts["first_error_delta"].items())
+            + ".\n")
+    return {**out, "markdown": text}
+
+
+def pool_first_errors(workdirs: Sequence[str], samples: int = 1000, seed: int = 0, alpha: float = 0.05
+                      ) -> dict | None:
+    """ProcessBench's first-error scores of the verifiers every run has, over all runs' test samples at once, each
+    run's problems resampled within it (`first_error`, `first_error_delta` as in a run's results.json); None when
+    a run has no `eval/first_error_predictions.json`."""
+    paths = [os.path.join(w, FIRST_ERROR_FILE) for w in workdirs]
+    if not all(os.path.isfile(p) for p in paths):
+        return None
+    records = []
+    for path in paths:
+        with open(path) as f:
+            records.append(json.load(f))
+    names = [n for n in records[0]["predictions"] if all(n in r["predictions"] for r in records)]
+    gold, groups, strata = [], [], []
+    predictions = {n: [] for n in names}
+    offset = 0
+    for r in records:
+        # A case's uid is "<problem uid>/<sample>": the problem's samples are resampled together.
+        problems = {}
+        local = [problems.setdefault(uid.rsplit("/", 1)[0], len(problems)) for uid in r["uids"]]
+        groups += [offset + i for i in local]
+        strata.append(len(problems))
+        offset += len(problems)
+        gold += r["gold"]
+        for n in names:
+            predictions[n] += r["predictions"][n]
+    pairs = [(a, b) for a, b in first_error.PAIRS if a in predictions and b in predictions]
+    table, deltas = first_error.scores(gold, predictions, groups, samples, seed, alpha, pairs=pairs, strata=strata)
+    return {"first_error": table, "first_error_delta": deltas}

@@ -86,8 +86,7 @@ def first_error_study(run: Any, test: Sequence[Example], samples: list[list[str]
         feedback = critic.feedback(cases.examples, cases.solutions)
         predictions["critic"] = np.array([first_error.critic_first_error(f, len(task.split_steps(h)))
                                           for f, h in zip(feedback, cases.solutions)])
-    pairs = [(a, b) for a, b in (("prm", "orm"), ("prm", "policy_log_prob"), ("orm", "policy_log_prob"),
-                                 ("prm", "prm_rollouts"), ("prm", "critic")) if a in predictions and b in predictions]
+    pairs = [(a, b) for a, b in first_error.PAIRS if a in predictions and b in predictions]
     table, deltas = first_error.scores(cases.gold, predictions, cases.problems, c.eval.bootstrap_samples, c.seed,
                                        pairs=pairs)
     if shd.is_main_process():
