@@ -21,7 +21,7 @@ import os
 
 from absl import app, flags
 
-from refiner_jax.runs import run_config
+from refiner_jax.runs import run_config, seed_pool
 from refiner_jax.refiner import critic_tool, critics
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Trained run directory holding critic/export.")
@@ -49,7 +49,7 @@ def _locator(reward_workdir: str, task, threshold: float | None):
 
     reward = run_config.load_run(reward_workdir)
     if threshold is None:
-        path = os.path.join(reward_workdir, "eval", "first_error_predictions.json")
+        path = os.path.join(reward_workdir, seed_pool.FIRST_ERROR_FILE)
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path} is missing: evaluate the reward run first or pass --step_threshold")
         with open(path, encoding="utf-8") as f:

@@ -103,6 +103,10 @@ def test_pooled_first_errors_against_hand_worked_values(tmp_path):
     delta = pooled["first_error_delta"]["prm - orm"]
     assert delta["mean"] == pytest.approx(0.0) and delta["low"] == pytest.approx(0.0)
     assert "prm - orm" in pooled["markdown"]
+    with open(os.path.join(dirs[1], seed_pool.FIRST_ERROR_FILE), "w") as f:
+        json.dump({"uids": runs[1][0], "predictions": runs[1][1]}, f)
+    with pytest.raises(ValueError, match=r"lacks \['gold'\]"):
+        seed_pool.pool_seeds(dirs, samples=50)
     os.remove(os.path.join(dirs[1], seed_pool.FIRST_ERROR_FILE))
     assert "first_error" not in seed_pool.pool_seeds(dirs, samples=50)  # a run without predictions: no pooled scores
 

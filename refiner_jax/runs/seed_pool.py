@@ -22,7 +22,8 @@ from refiner_jax.reward import first_error, rerank
 from refiner_jax.runs import results
 
 OUTCOMES_FILE = "outcomes.json"
-FIRST_ERROR_FILE = os.path.join("eval", "first_error_predictions.json")  # written by `runs.step_studies`
+# Each verifier's first-error prediction on a run's test samples, written by `runs.step_studies`.
+FIRST_ERROR_FILE = os.path.join("eval", "first_error_predictions.json")
 
 
 def outcomes_record(outcomes: Mapping[str, rerank.Outcome], *, seed: int, k: int, rate: float,
@@ -114,7 +115,11 @@ def pool_first_errors(workdirs: Sequence[str], samples: int = 1000, seed: int = 
     records = []
     for path in paths:
         with open(path) as f:
-            records.append(json.load(f))
+            record = json.load(f)
+        missing = [k for k in ("uids", "gold", "predictions") if k not in record]
+        if missing:
+            raise ValueError(f"{path} lacks {missing}: evaluate that run again with this version (--stages=rl,eval)")
+        records.append(record)
     names = [n for n in records[0]["predictions"] if all(n in r["predictions"] for r in records)]
     gold, groups, strata = [], [], []
     predictions = {n: [] for n in names}

@@ -13,6 +13,7 @@ import numpy as np
 from refiner_jax import atomic_files
 from refiner_jax import sharding as shd
 from refiner_jax.reward import first_error, labels as reward_labels, rollout_labels
+from refiner_jax.runs import seed_pool
 from refiner_jax.tasks import step_label_files
 from refiner_jax.tasks.base import Example, Task
 
@@ -94,7 +95,7 @@ def first_error_study(run: Any, test: Sequence[Example], samples: list[list[str]
             os.path.join(run.workdir, "eval", "first_error_cases.jsonl"),
             [step_label_files.StepRecord(ex.x, tuple(task.split_steps(h)), g, task.outcome_label(ex, h), uid)
              for ex, h, g, uid in zip(cases.examples, cases.solutions, cases.gold, cases.uids)])
-        atomic_files.write_json(os.path.join(run.workdir, "eval", "first_error_predictions.json"),
+        atomic_files.write_json(os.path.join(run.workdir, seed_pool.FIRST_ERROR_FILE),
                                 {"thresholds": thresholds, "uids": cases.uids, "gold": cases.gold,
                                  "predictions": {n: [int(p) for p in v] for n, v in predictions.items()}},
                                 default=float)
