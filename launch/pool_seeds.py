@@ -1,10 +1,12 @@
-"""One reward-model table over several seeds' runs of the same job (`refiner_jax.runs.seed_pool`).
+"""One table over several seeds' runs of the same job (`refiner_jax.runs.seed_pool`).
 
     python launch/pool_seeds.py DIR_SEED0 DIR_SEED1 DIR_SEED2 [--out pooled.json] [--samples 1000]
 
-Each DIR is a reward run's workdir (`launch/train.py --config=configs/rm_mwp.py... --config.seed=S`) whose evaluation
-wrote `outcomes.json`; where every run also saved `eval/first_error_predictions.json`, the verifiers' first-error
-scores are pooled too. Prints the pooled table in Markdown; `--out` also writes it and the intervals as JSON.
+Each DIR is a workdir of `launch/train.py --config=... --config.seed=S`. Reward runs (`configs/rm_*.py`): their
+evaluations' `outcomes.json`, and where every run also saved `eval/first_error_predictions.json`, the verifiers'
+first-error scores. REFINER runs (`configs/refiner_*.py`): each row's per-problem scores (`row_scores.json`), with
+every row's paired difference from the generator alone and from each baseline row. Prints the pooled table in
+Markdown; `--out` also writes it and the intervals as JSON.
 """
 import argparse
 import json
@@ -18,12 +20,13 @@ from refiner_jax.runs import seed_pool  # noqa: E402 (after the path line)
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("workdirs", nargs="+", help="reward runs of different seeds")
+    parser.add_argument("workdirs", nargs="+", help="runs of one job (reward or REFINER) with different seeds")
     parser.add_argument("--out", help="write the pooled results here as JSON")
     parser.add_argument("--samples", type=int, default=1000, help="bootstrap resamples")
     args = parser.parse_args(argv)
     try:
-        pooled = seed_pool.pool_seeds(args.workdirs, samples=args.samples)
+        pool = seed_pool.pool_refiner_seeds if seed_pool.is_refiner_run(args.workdirs[0]) else seed_pool.pool_seeds
+        pooled = pool(args.workdirs, samples=args.samples)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"pool_seeds: {e}") from None
     print(pooled["markdown"])

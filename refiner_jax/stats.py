@@ -31,13 +31,16 @@ def resamples(n: int, samples: int, seed: int, strata: Sequence[int] | None = No
                                  axis=1)
 
 
-def bootstrap_columns(values: np.ndarray, samples: int, seed: int, alpha: float):
-    """Means and percentile-bootstrap bounds of each column of `values` [n, k], one set of resamples for all."""
+def bootstrap_columns(values: np.ndarray, samples: int, seed: int, alpha: float,
+                      strata: Sequence[int] | None = None):
+    """Means and percentile-bootstrap bounds of each column of `values` [n, k], one set of resamples for all (each
+    of `strata`'s consecutive groups resampled within itself, as `resamples`)."""
     n = values.shape[0]
     if n == 0:
         nan = np.full(values.shape[1], np.nan)
         return nan, nan, nan
-    means = np.concatenate([values[idx].mean(axis=1) for idx in resamples(n, samples, seed)], axis=0)  # [samples, k]
+    means = np.concatenate([values[idx].mean(axis=1) for idx in resamples(n, samples, seed, strata)],
+                           axis=0)  # [samples, k]
     low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2], axis=0)
     return values.mean(axis=0), low, high
 

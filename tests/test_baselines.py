@@ -6,7 +6,7 @@ from test_evaluate import EXAMPLES, ScriptedCritic, ToyGenerator, ToyTask
 
 from refiner_jax import text_model
 from refiner_jax.refiner import baselines, critics, evaluation
-from refiner_jax.runs import refiner_eval, run_config
+from refiner_jax.runs import refiner_eval, results as results_lib, run_config, seed_pool
 
 
 def test_rerank_picks_each_problems_most_likely_sample():
@@ -59,6 +59,23 @@ def test_gain_vs_is_the_paired_difference_from_each_baseline(with_baselines):
     assert oracle["low"] * 4 == int(oracle["low"] * 4)  # a resampled mean of four values in {0, 1}
     same = with_baselines["generator"]["gain_vs"]["generator_rerank"]
     assert same == {"mean": 0.0, "low": 0.0, "high": 0.0}  # identical answers differ nowhere
+
+
+def test_per_problem_scores_are_written_beside_the_table_for_pooling(tmp_path):
+    results = evaluation.evaluate_refinement(ToyTask(), ToyGenerator(), ScriptedCritic(), None, EXAMPLES, turns=3,
+                                             bootstrap_samples=50)
+    baselines.add_baselines(ToyTask(), EXAMPLES, results, {"critic_alone": ["g0", "g1", "bad2", "bad3"]},
+                            {"critic_alone": "Critic alone"}, samples=50, seed=0)
+    results["seed"] = 3
+    results_lib.write_results(results, str(tmp_path))
+    record = seed_pool.read_row_scores(str(tmp_path))
+    # The same per-problem rights as the fixture's comment above, in the problems' order.
+    assert record["seed"] == 3 and record["metric"] == "em" and record["uids"] == [ex.uid for ex in EXAMPLES]
+    assert record["rows"]["generator"] == [1, 0, 0, 1] and record["rows"]["critic"] == [0, 1, 1, 1]
+    assert record["rows"]["oracle"] == [1, 1, 1, 1] and record["rows"]["critic_alone"] == [1, 1, 0, 0]
+    assert record["labels"]["critic_alone"] == "Critic alone" and record["labels"]["generator"] == "Generator alone"
+    with open(tmp_path / "results.json") as f:
+        assert "row_scores" not in f.read()
 
 
 def test_critic_alone_only_for_a_critic_that_solves(tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
-"""Pooling several seeds' reward runs: stratified resampling, the pooled table against hand-worked values, the
-outcomes file round trip and the command's errors."""
+"""Pooling several seeds' runs: stratified resampling, the pooled reward and REFINER tables against hand-worked
+values, the outcomes file round trip and the command's errors."""
 import json
 import os
 import subprocess
@@ -10,7 +10,7 @@ import pytest
 
 from refiner_jax import stats
 from refiner_jax.reward import rerank
-from refiner_jax.runs import seed_pool
+from refiner_jax.runs import results, seed_pool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -123,3 +123,57 @@ def test_pool_refuses_what_it_cannot_pool(tmp_path):
                            str(tmp_path / "missing")], capture_output=True, text=True)
     assert proc.returncode != 0
     assert "outcomes.json" in proc.stderr and "--stages=rl,eval" in proc.stderr
+
+
+def _write_row_scores(path, seed, rows, metric="equation_em_canonical", labels=None):
+    os.makedirs(path, exist_ok=True)
+    uids = [f"p{i}" for i in range(len(next(iter(rows.values()))))]
+    with open(os.path.join(path, results.ROW_SCORES_FILE), "w") as f:
+        json.dump({"seed": seed, "uids": uids, "metric": metric, "rows": rows, "labels": labels or {}}, f)
+
+
+def test_pooled_refiner_rows_against_hand_worked_values(tmp_path):
+    # Right (1) or wrong per problem. Seed 0: the generator right on all four, the critic's loop breaks one;
+    # seed 1: the generator wrong on all four, the loop fixes two. Only seed 1 has a solving critic's own answer.
+    runs = {0: {"generator": [1, 1, 1, 1], "critic": [1, 1, 1, 0], "generator_matched": [1, 1, 0, 1]},
+            1: {"generator": [0, 0, 0, 0], "critic": [1, 0, 1, 0], "generator_matched": [1, 1, 1, 0],
+                "critic_alone": [1, 1, 1, 1]}}
+    dirs = [str(tmp_path / f"seed{seed}") for seed in runs]
+    for path, (seed, rows) in zip(dirs, runs.items()):
+        _write_row_scores(path, seed, rows, labels={"critic": "+ trained critic (T=3)"})
+    pooled = seed_pool.pool_refiner_seeds(dirs, samples=400)
+    assert list(pooled["rows"]) == ["generator", "critic", "generator_matched"]  # critic_alone: seed 1 only
+    assert pooled["rows"]["generator"]["mean"] == pytest.approx(4 / 8)
+    # Each seed's four problems are resampled within the seed: the generator is right on 4 of 8 in every set.
+    assert pooled["rows"]["generator"]["low"] == pooled["rows"]["generator"]["high"] == pytest.approx(0.5)
+    assert pooled["rows"]["critic"]["mean"] == pytest.approx(5 / 8)
+    assert pooled["rows"]["generator_matched"]["mean"] == pytest.approx(6 / 8)
+    # Paired: critic - generator 0 0 0 -1 | +1 0 +1 0; critic - matched 0 0 +1 -1 | 0 -1 0 0.
+    gains = {k: {b: g["mean"] for b, g in row.items()} for k, row in pooled["gain_vs"].items()}
+    assert gains["critic"] == {"generator": pytest.approx(1 / 8), "generator_matched": pytest.approx(-1 / 8)}
+    assert gains["generator"] == {"generator_matched": pytest.approx(-2 / 8)}  # a row is not compared with itself
+    assert gains["generator_matched"] == {"generator": pytest.approx(2 / 8)}
+    low, high = pooled["gain_vs"]["critic"]["generator"]["low"], pooled["gain_vs"]["critic"]["generator"]["high"]
+    assert -4 / 8 <= low < 1 / 8 < high <= 4 / 8  # a resample's sum: seed 0's in [-4, 0], seed 1's in [0, 4]
+    assert pooled["problems_per_seed"] == [4, 4] and pooled["seeds"] == [0, 1]
+    assert "| + trained critic (T=3) (`critic`) | 62.5 [" in pooled["markdown"]
+    assert "| generator | 50.0 [50.0, 50.0] |" in pooled["markdown"] and "Δ vs `generator_matched`" in pooled["markdown"]
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "pool_seeds.py"), *dirs],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "| generator_matched | 75.0 [" in proc.stdout
+
+
+def test_refiner_pool_refuses_what_it_cannot_pool(tmp_path):
+    _write_row_scores(str(tmp_path / "a"), 0, {"generator": [1, 0]})
+    _write_row_scores(str(tmp_path / "b"), 0, {"generator": [1, 0]})
+    with pytest.raises(ValueError, match="share seeds"):
+        seed_pool.pool_refiner_seeds([str(tmp_path / "a"), str(tmp_path / "b")])
+    _write_row_scores(str(tmp_path / "b"), 1, {"generator": [1, 0]}, metric="ir_em")
+    with pytest.raises(ValueError, match="different metrics"):
+        seed_pool.pool_refiner_seeds([str(tmp_path / "a"), str(tmp_path / "b")])
+    _write_row_scores(str(tmp_path / "b"), 1, {"generator": [1, 0], "critic": [1]})
+    with pytest.raises(ValueError, match=r"rows \['critic'\] do not score every one of its 2 problems"):
+        seed_pool.pool_refiner_seeds([str(tmp_path / "a"), str(tmp_path / "b")])
+    with pytest.raises(FileNotFoundError, match="launch/evaluate.py"):
+        seed_pool.pool_refiner_seeds([str(tmp_path / "a"), str(tmp_path / "c")])

@@ -73,7 +73,9 @@ def add_baselines(task: Task, examples: Sequence[Example], results: dict[str, An
                   seed: int = 0) -> None:
     """Appends one row per baseline (`answers`: key -> one answer per problem of `examples`; `labels`: key ->
     row label) to `results["rows"]`, with `gain` (paired, from the generator alone), and gives every row `gain_vs`:
-    {baseline key: paired difference of the primary metric}, for each baseline other than the row itself."""
+    {baseline key: paired difference of the primary metric}, for each baseline other than the row itself. Every
+    row's per-problem primary metric goes to `results["row_scores"]` ({uids, metric, labels, rows: {key: scores}}),
+    which `runs.seed_pool.pool_refiner_seeds` pools over seeds."""
     primary = results["primary_metric"]
     scores = row_scores(results)
     examples = list(examples)
@@ -87,3 +89,6 @@ def add_baselines(task: Task, examples: Sequence[Example], results: dict[str, An
     for row in results["rows"]:
         row["gain_vs"] = {key: paired_delta(scores[row["key"]], scores[key], samples, seed)
                           for key in answers if key != row["key"]}
+    results["row_scores"] = {"uids": [ex.uid for ex in examples], "metric": primary,
+                             "labels": {row["key"]: row["label"] for row in results["rows"]},
+                             "rows": {row["key"]: scores[row["key"]].tolist() for row in results["rows"]}}

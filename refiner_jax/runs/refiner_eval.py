@@ -86,6 +86,7 @@ def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples:
     baselines.add_baselines(task, examples, results, answers, labels, samples, seed)
     results["noise"] = noise_study(task, generator, None, examples, epsilons, turns, template, samples, seed,
                                    initial=z0)
+    results["seed"] = seed
     results["generator_stage"] = os.path.basename(generator_dir)
     results["workdir"] = os.path.abspath(workdir)
     results["training"] = results_lib.training_summary(workdir)

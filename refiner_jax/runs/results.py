@@ -17,6 +17,8 @@ from refiner_jax import atomic_files
 from refiner_jax.reward.rerank import COLUMNS, Curve, RulesTable
 
 STAGES = ("warmup", "critic", "refiner")
+# A REFINER evaluation's per-problem primary metric of every row, beside its results.json (`runs.seed_pool` reads it).
+ROW_SCORES_FILE = "row_scores.json"
 # Logged per training step, not learning progress: left out of the learning-curve plots.
 _NOT_CURVES = frozenset({"stage", "step", "examples_per_s", "tokens_per_s", "learning_rate", "lr", "grad_norm",
                          "best_step"})
@@ -206,13 +208,18 @@ def load_results(path: str) -> dict:
 
 
 def write_results(results: Mapping[str, Any], out_dir: str, workdir: str | None = None) -> dict[str, str]:
-    """Writes results.json (without trajectories), predictions.jsonl (the trajectories), noise.png, one
-    curves_<stage>.png per stage of `<workdir>/metrics.jsonl`, and results.md. Returns {name: path}."""
+    """Writes results.json (without trajectories and per-problem scores), predictions.jsonl (the trajectories),
+    `ROW_SCORES_FILE` (each row's per-problem primary metric, with the run's seed), noise.png, one curves_<stage>.png
+    per stage of `<workdir>/metrics.jsonl`, and results.md. Returns {name: path}."""
     os.makedirs(out_dir, exist_ok=True)
     paths: dict[str, str] = {}
-    summary = {k: v for k, v in results.items() if k != "trajectories"}
+    summary = {k: v for k, v in results.items() if k not in ("trajectories", "row_scores")}
     paths["json"] = os.path.join(out_dir, "results.json")
     atomic_files.write_json(paths["json"], _jsonable(summary), indent=2)
+    if results.get("row_scores"):
+        paths["row_scores"] = os.path.join(out_dir, ROW_SCORES_FILE)
+        record = {"seed": results.get("seed"), **results["row_scores"]}
+        atomic_files.write_json(paths["row_scores"], _jsonable(record))
     if results.get("trajectories"):
         paths["predictions"] = os.path.join(out_dir, "predictions.jsonl")
         with atomic_files.atomic_open(paths["predictions"]) as f:

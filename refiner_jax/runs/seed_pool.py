@@ -6,6 +6,8 @@ several trained pipelines at once: more problems (seeds x test problems), so tig
 model behind every block of them. The intervals resample test problems, not seeds: they say how sure the pooled
 difference is for these trained models, not for the next seed's. Abstention keeps the most confident share of all
 pooled problems. The verifiers' first-error predictions (`eval/first_error_predictions.json`) are pooled the same way.
+REFINER runs are pooled from each evaluation's per-problem scores of every row (`results.ROW_SCORES_FILE`):
+`pool_refiner_seeds`.
 
     python launch/pool_seeds.py DIR_SEED0 DIR_SEED1 DIR_SEED2
 """
@@ -18,8 +20,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from refiner_jax.refiner.baselines import BASELINE_LABELS
 from refiner_jax.reward import first_error, rerank
-from refiner_jax.runs import results
+from refiner_jax.runs import results, run_config
+from refiner_jax.stats import bootstrap_columns
 
 OUTCOMES_FILE = "outcomes.json"
 # Each verifier's first-error prediction on a run's test samples, written by `runs.step_studies`.
@@ -57,17 +61,23 @@ def read_outcomes(workdir: str) -> dict:
     return {**record, "rules": rules}
 
 
+def _read_seeds(workdirs: Sequence[str], read) -> tuple[list[dict], list[int]]:
+    """`read(workdir)` of each run and their seeds; at least two runs, of different seeds."""
+    if len(workdirs) < 2:
+        raise ValueError(f"pool at least two runs' workdirs, got {len(workdirs)}")
+    runs = [read(w) for w in workdirs]
+    seeds = [r["seed"] for r in runs]
+    if len(set(seeds)) < len(seeds):
+        raise ValueError(f"the runs share seeds {seeds}: pool runs of different seeds")
+    return runs, seeds
+
+
 def pool_seeds(workdirs: Sequence[str], samples: int = 1000, alpha: float = 0.05) -> dict:
     """The rules every run has, each run's problems one stratum: `table` (as a run's results.json), the paired
     final-answer Δ against "SFT greedy" (`paired_deltas`), the runs' trace-error pairs (`trace_error_delta`), the
     pooled first-error scores where every run saved its predictions (`pool_first_errors`) and the table in Markdown
     (`markdown`)."""
-    if len(workdirs) < 2:
-        raise ValueError(f"pool at least two runs' workdirs, got {len(workdirs)}")
-    runs = [read_outcomes(w) for w in workdirs]
-    seeds = [r["seed"] for r in runs]
-    if len(set(seeds)) < len(seeds):
-        raise ValueError(f"the runs share seeds {seeds}: pool runs of different seeds")
+    runs, seeds = _read_seeds(workdirs, read_outcomes)
     for key in ("k", "rate"):
         if len({r[key] for r in runs}) > 1:
             raise ValueError(f"the runs differ in {key}: {[r[key] for r in runs]}")
@@ -137,3 +147,69 @@ def pool_first_errors(workdirs: Sequence[str], samples: int = 1000, seed: int = 
     pairs = [(a, b) for a, b in first_error.PAIRS if a in predictions and b in predictions]
     table, deltas = first_error.scores(gold, predictions, groups, samples, seed, alpha, pairs=pairs, strata=strata)
     return {"first_error": table, "first_error_delta": deltas}
+
+
+def is_refiner_run(workdir: str) -> bool:
+    """Whether `workdir` holds a REFINER run (its config's pipeline, or its evaluation's per-problem scores)."""
+    if os.path.isfile(os.path.join(workdir, results.ROW_SCORES_FILE)):
+        return True
+    return (os.path.isfile(os.path.join(workdir, run_config.CONFIG_FILE))
+            and run_config.load(workdir).get("pipeline", "refiner") == "refiner")
+
+
+def read_row_scores(workdir: str) -> dict:
+    """A REFINER run's per-problem scores of every row (`results.ROW_SCORES_FILE`, written by its evaluation)."""
+    path = os.path.join(workdir, results.ROW_SCORES_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no per-problem scores; evaluate the run again with this version: "
+                                f"python launch/evaluate.py --workdir={workdir} --out_dir={workdir}")
+    with open(path) as f:
+        record = json.load(f)
+    missing = [k for k in ("seed", "uids", "metric", "rows") if k not in record]
+    if missing:
+        raise ValueError(f"{path} lacks {missing}: evaluate that run again with this version")
+    return record
+
+
+def pool_refiner_seeds(workdirs: Sequence[str], samples: int = 1000, alpha: float = 0.05) -> dict:
+    """One REFINER table over several seeds' runs: each row every run has, its primary metric over all runs' test
+    problems at once (`rows`: {key: {mean, low, high}}), and its paired difference from the generator alone and from
+    every baseline row (`gain_vs`: {key: {baseline: {mean, low, high}}}), as fractions like a run's results.json;
+    each run's problems are resampled within that run, one set of resamples for every cell; `markdown` holds the
+    table (in %)."""
+    runs, seeds = _read_seeds(workdirs, read_row_scores)
+    if len({r["metric"] for r in runs}) > 1:
+        raise ValueError(f"the runs score different metrics: {[r['metric'] for r in runs]}")
+    for w, r in zip(workdirs, runs):
+        bad = [k for k, v in r["rows"].items() if len(v) != len(r["uids"])]
+        if bad:
+            raise ValueError(f"{os.path.join(w, results.ROW_SCORES_FILE)}: rows {bad} do not score every one of its "
+                             f"{len(r['uids'])} problems")
+    keys = [k for k in runs[0]["rows"] if all(k in r["rows"] for r in runs)]
+    if "generator" not in keys:
+        raise ValueError("every run needs its 'generator' row (the generator alone), the baseline of the deltas")
+    strata = [len(r["uids"]) for r in runs]
+    scores = np.array([np.concatenate([np.asarray(r["rows"][k], np.float64) for r in runs]) for k in keys]).T
+    against = ["generator"] + [k for k in BASELINE_LABELS if k in keys]
+    columns = [scores] + [scores - scores[:, [keys.index(b)]] for b in against]  # [problems, rows] each
+    means, lows, highs = bootstrap_columns(np.concatenate(columns, axis=1), samples, min(seeds), alpha, strata)
+
+    def cell(j: int) -> dict:
+        return {"mean": float(means[j]), "low": float(lows[j]), "high": float(highs[j])}
+
+    n = len(keys)
+    rows = {k: cell(i) for i, k in enumerate(keys)}
+    gain_vs = {k: {b: cell((a + 1) * n + i) for a, b in enumerate(against) if b != k} for i, k in enumerate(keys)}
+    header = ["row", f"{runs[0]['metric']} (%)"] + [f"Δ vs {'generator alone' if b == 'generator' else f'`{b}`'}"
+                                                   for b in against]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    labels = runs[0].get("labels", {})
+    for k in keys:
+        cells = [f"{labels[k]} (`{k}`)" if k in labels else k, results.format_ci(rows[k])]
+        cells += ["–" if b == k else results.format_ci(gain_vs[k][b], signed=True) for b in against]
+        lines.append("| " + " | ".join(cells) + " |")
+    text = (f"Seeds {seeds} pooled: {sum(strata)} problems ({strata} per seed), each seed's problems resampled "
+            "within it; Δ in points, paired.\n\n" + "\n".join(lines) + "\n")
+    return {"seeds": seeds, "workdirs": list(workdirs), "problems_per_seed": strata, "metric": runs[0]["metric"],
+            "rows": rows, "gain_vs": gain_vs, "markdown": text}
+
