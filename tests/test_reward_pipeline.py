@@ -64,6 +64,14 @@ def test_reward_pipeline_end_to_end_and_resume(tmp_path, capsys):
     assert against_matched["SFT greedy"] == {"mean": 0.0, "low": 0.0, "high": 0.0}
     assert {k: v for k, v in against_matched.items() if k not in ("baseline", "SFT greedy")} == {
         k: v for k, v in deltas.items() if k not in ("baseline", matched)}
+    # Every rule against majority vote, the strongest rule without a reward model: point differences of the table.
+    majority, against_majority = "SFT majority vote (K=4)", saved["majority_paired_deltas"]
+    assert against_majority["baseline"] == majority
+    assert set(against_majority) - {"baseline"} == set(table) - {majority}
+    for name, cell in against_majority.items():
+        if name != "baseline":
+            assert cell["mean"] == pytest.approx(table[name]["final_answer_error"]["mean"]
+                                                 - table[majority]["final_answer_error"]["mean"])
     for row in table.values():
         assert 0.0 <= row["final_answer_error"]["mean"] <= 1.0
         cell = row["final_answer_error"]

@@ -33,9 +33,9 @@ def _outcome(correct, steps, confidence=None):
     return rerank.Outcome(correct, confidence, np.array(steps, bool))
 
 
-def _write_run(path, seed, rules, pairs):
+def _write_run(path, seed, rules, pairs, baselines=None):
     os.makedirs(path, exist_ok=True)
-    record = seed_pool.outcomes_record(rules, seed=seed, k=2, rate=0.25, trace_pairs=pairs)
+    record = seed_pool.outcomes_record(rules, seed=seed, k=2, rate=0.25, trace_pairs=pairs, baselines=baselines)
     with open(os.path.join(path, seed_pool.OUTCOMES_FILE), "w") as f:
         json.dump(record, f)
 
@@ -43,17 +43,19 @@ def _write_run(path, seed, rules, pairs):
 def test_pooled_table_against_hand_worked_values(tmp_path):
     pairs = [("PRM rerank (K=2)", "SFT greedy")]
     # Seed 0: greedy right on every problem, two of them through a wrong step; seed 1: greedy wrong on all four.
-    # The PRM's choice: seed 0 right on all four, one wrong step; seed 1 right on two, both clean.
+    # The PRM's choice: seed 0 right on all four, one wrong step; seed 1 right on two, both clean. Majority vote,
+    # the further baseline both runs name: seed 0 wrong on problem 2, seed 1 right on problem 1 only.
+    majority = "SFT majority vote (K=2)"
     runs = {
-        0: {"SFT greedy": _outcome([1, 1, 1, 1], [1, 0, 0, 1]),
+        0: {"SFT greedy": _outcome([1, 1, 1, 1], [1, 0, 0, 1]), majority: _outcome([1, 1, 0, 1], [1, 1, 0, 1]),
             "PRM rerank (K=2)": _outcome([1, 1, 1, 1], [1, 0, 1, 1], [0.5, -np.inf, 0.7, 0.2])},
-        1: {"SFT greedy": _outcome([0, 0, 0, 0], [0, 0, 0, 0]),
+        1: {"SFT greedy": _outcome([0, 0, 0, 0], [0, 0, 0, 0]), majority: _outcome([0, 1, 0, 0], [0, 1, 0, 0]),
             "PRM rerank (K=2)": _outcome([1, 0, 1, 0], [1, 0, 1, 0])},
     }
     dirs = []
     for seed, rules in runs.items():
         dirs.append(str(tmp_path / f"seed{seed}"))
-        _write_run(dirs[-1], seed, rules, pairs)
+        _write_run(dirs[-1], seed, rules, pairs, baselines={"majority_paired_deltas": majority})
     back = seed_pool.read_outcomes(dirs[0])["rules"]["PRM rerank (K=2)"]
     assert back.confidence[1] == -np.inf and back.correct.dtype == bool
     pooled = seed_pool.pool_seeds(dirs, samples=400)
@@ -67,6 +69,13 @@ def test_pooled_table_against_hand_worked_values(tmp_path):
     delta = pooled["trace_error_delta"]["PRM rerank (K=2) - SFT greedy"]
     assert delta["mean"] == pytest.approx(1 / 6 - 2 / 4)
     assert pooled["paired_deltas"]["PRM rerank (K=2)"]["mean"] == pytest.approx(2 / 8 - 4 / 8)
+    # Against majority vote (4 of 8 wrong): the PRM's -2/8 points; its problems differ from greedy's in each seed.
+    against_majority = pooled["majority_paired_deltas"]
+    assert against_majority["baseline"] == majority and majority not in against_majority
+    assert against_majority["PRM rerank (K=2)"]["mean"] == pytest.approx(2 / 8 - 4 / 8)
+    assert against_majority["SFT greedy"]["mean"] == pytest.approx(0.0)
+    assert against_majority["SFT greedy"]["low"] < 0 < against_majority["SFT greedy"]["high"]
+    assert f"Δ final-answer error vs {majority}, paired" in pooled["markdown"]
     assert pooled["problems_per_seed"] == [4, 4] and pooled["seeds"] == [0, 1]
     assert "PRM rerank (K=2) - SFT greedy" in pooled["markdown"]
 
@@ -157,7 +166,8 @@ def test_pooled_refiner_rows_against_hand_worked_values(tmp_path):
     assert -4 / 8 <= low < 1 / 8 < high <= 4 / 8  # a resample's sum: seed 0's in [-4, 0], seed 1's in [0, 4]
     assert pooled["problems_per_seed"] == [4, 4] and pooled["seeds"] == [0, 1]
     assert "| + trained critic (T=3) (`critic`) | 62.5 [" in pooled["markdown"]
-    assert "| generator | 50.0 [50.0, 50.0] |" in pooled["markdown"] and "Δ vs `generator_matched`" in pooled["markdown"]
+    assert "| generator | 50.0 [50.0, 50.0] |" in pooled["markdown"]
+    assert "Δ vs `generator_matched`" in pooled["markdown"]
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "pool_seeds.py"), *dirs],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

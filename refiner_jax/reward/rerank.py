@@ -296,6 +296,11 @@ class RulesTable:
     more_deltas: dict = dataclasses.field(default_factory=dict)
     trace_deltas: dict = dataclasses.field(default_factory=dict)
 
+    def delta_blocks(self, keys: Mapping[str, str]) -> dict:
+        """`{key: {"baseline": rule, rule's paired deltas...}}` for each `key: rule` of further baselines (the
+        `results.json` blocks such as `matched_paired_deltas`)."""
+        return {key: {"baseline": rule, **self.more_deltas[rule]} for key, rule in keys.items()}
+
 
 def _checked(name: str, out: Outcome) -> Outcome:
     c, y = _pair(out.confidence, out.correct)

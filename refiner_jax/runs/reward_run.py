@@ -14,7 +14,8 @@
 Every model learns from the same problems: the training split (the reward models and expert iteration its first
 `reward.train_problems` / `rl.problems`) plus `task.extra_problems` generated ones. The SFT policy has then trained on
 every problem the reward models learned from, so it is their data-matched baseline: the table's "data-matched" rows
-are its own, and `results.json`'s `matched_paired_deltas` every rule's paired difference from its greedy answer.
+are its own, and `results.json`'s `matched_paired_deltas` every rule's paired difference from its greedy answer
+(`majority_paired_deltas`: from its majority vote, the strongest selection rule that needs no reward model).
 
 Policy samples are drawn once per (policy, split) and kept in `<workdir>/samples/`, so a resumed run and the ORM
 and PRM stages see the same ones.
@@ -346,11 +347,12 @@ class Run:
                 label = RL_LABELS[reward]
                 outcomes[f"{label} greedy"] = greedy_outcome(self.greedy(stage, f"{stage}_test_greedy", test))
         trace_pairs = _trace_pairs(outcomes, k)
+        baselines = {"matched_paired_deltas": matched_baseline, "majority_paired_deltas": majority}
         table = rerank.results_table(outcomes, rate=c.reward.abstention, samples=c.eval.bootstrap_samples,
-                                     seed=c.seed, more_baselines=(matched_baseline,), trace_pairs=trace_pairs)
+                                     seed=c.seed, more_baselines=tuple(baselines.values()), trace_pairs=trace_pairs)
         _write_json(os.path.join(self.workdir, seed_pool.OUTCOMES_FILE),
                     seed_pool.outcomes_record(outcomes, seed=c.seed, k=k, rate=c.reward.abstention,
-                                              trace_pairs=trace_pairs))
+                                              trace_pairs=trace_pairs, baselines=baselines))
         first_errors, first_error_deltas = step_studies.first_error_study(self, test, samples, step_scores,
                                                                           step_scorers, critic)
         groups = np.repeat(np.arange(len(test)), k)
@@ -369,7 +371,7 @@ class Run:
         }
         curves = {name: rerank.abstention_curve(o.confidence, o.correct) for name, o in outcomes.items()}
         results = {"table": table.rows, "paired_deltas": {"baseline": table.baseline, **table.deltas},
-                   "matched_paired_deltas": {"baseline": matched_baseline, **table.more_deltas[matched_baseline]},
+                   **table.delta_blocks(baselines),
                    "trace_error_delta": table.trace_deltas, "first_error": first_errors,
                    "first_error_delta": first_error_deltas,
                    **({"rollout_labels": step_studies.rollout_data(self)[1]} if "prm_rollouts" in step_scores else {}),

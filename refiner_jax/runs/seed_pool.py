@@ -31,13 +31,15 @@ FIRST_ERROR_FILE = os.path.join("eval", "first_error_predictions.json")
 
 
 def outcomes_record(outcomes: Mapping[str, rerank.Outcome], *, seed: int, k: int, rate: float,
-                    trace_pairs: Sequence[tuple[str, str]]) -> dict:
+                    trace_pairs: Sequence[tuple[str, str]], baselines: Mapping[str, str] | None = None) -> dict:
     """The per-problem results of every rule of one evaluation, as JSON (a confidence of -inf, "no answer", as
-    null)."""
+    null), with its further baseline rules (`baselines`: results.json key -> rule, e.g. `majority_paired_deltas`),
+    which a pooled table differences from too."""
     def confidence(values: np.ndarray) -> list:
         return [float(v) if math.isfinite(v) else None for v in np.asarray(values, float)]
 
     return {"seed": seed, "k": k, "rate": rate, "trace_pairs": [list(p) for p in trace_pairs],
+            "baselines": dict(baselines or {}),
             "rules": {name: {"correct": np.asarray(o.correct, bool).tolist(), "confidence": confidence(o.confidence),
                              "steps_correct": None if o.steps_correct is None
                              else np.asarray(o.steps_correct, bool).tolist()}
@@ -74,7 +76,8 @@ def _read_seeds(workdirs: Sequence[str], read) -> tuple[list[dict], list[int]]:
 
 def pool_seeds(workdirs: Sequence[str], samples: int = 1000, alpha: float = 0.05) -> dict:
     """The rules every run has, each run's problems one stratum: `table` (as a run's results.json), the paired
-    final-answer Δ against "SFT greedy" (`paired_deltas`), the runs' trace-error pairs (`trace_error_delta`), the
+    final-answer Δ against "SFT greedy" (`paired_deltas`) and against each further baseline every run names (e.g.
+    `majority_paired_deltas`), the runs' trace-error pairs (`trace_error_delta`), the
     pooled first-error scores where every run saved its predictions (`pool_first_errors`) and the table in Markdown
     (`markdown`)."""
     runs, seeds = _read_seeds(workdirs, read_outcomes)
@@ -94,15 +97,18 @@ def pool_seeds(workdirs: Sequence[str], samples: int = 1000, alpha: float = 0.05
                                       np.concatenate([p.confidence for p in parts]), steps)
     pairs = [tuple(p) for p in runs[0]["trace_pairs"] if p[0] in pooled and p[1] in pooled]
     strata = [len(r["rules"]["SFT greedy"].correct) for r in runs]
+    more = {key: rule for key, rule in runs[0].get("baselines", {}).items()
+            if rule in pooled and rule != "SFT greedy" and all(r.get("baselines", {}).get(key) == rule for r in runs)}
     table = rerank.results_table(pooled, rate=runs[0]["rate"], samples=samples, seed=min(seeds), alpha=alpha,
-                                 trace_pairs=pairs, strata=strata)
+                                 more_baselines=tuple(more.values()), trace_pairs=pairs, strata=strata)
     text = (f"Seeds {seeds} pooled, K = {runs[0]['k']}: {table.n_problems} problems ({strata} per seed), each "
             f"seed's problems resampled within it.\n\n" + results.markdown_table(table) + "\nΔ trace error "
             "(points, paired): " + "; ".join(f"{pair} {results.format_ci(cell, signed=True)}"
                                              for pair, cell in table.trace_deltas.items()) + ".\n")
     out = {"seeds": seeds, "workdirs": list(workdirs), "problems_per_seed": strata, "k": runs[0]["k"],
            "table": table.rows, "paired_deltas": {"baseline": table.baseline, **table.deltas},
-           "trace_error_delta": table.trace_deltas, "rate": table.rate, "problems": table.n_problems}
+           **table.delta_blocks(more), "trace_error_delta": table.trace_deltas, "rate": table.rate,
+           "problems": table.n_problems}
     firsts = pool_first_errors(workdirs, samples=samples, seed=min(seeds), alpha=alpha)
     if firsts is not None:
         out.update(firsts)
@@ -212,4 +218,3 @@ def pool_refiner_seeds(workdirs: Sequence[str], samples: int = 1000, alpha: floa
             "within it; Δ in points, paired.\n\n" + "\n".join(lines) + "\n")
     return {"seeds": seeds, "workdirs": list(workdirs), "problems_per_seed": strata, "metric": runs[0]["metric"],
             "rows": rows, "gain_vs": gain_vs, "markdown": text}
-
