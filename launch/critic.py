@@ -8,7 +8,8 @@
 Input: one JSON object per line, {"question": ..., "hypothesis": ...} plus an optional "id". Output: the same
 records with "feedback" added; with --reward_workdir, that reward run's PRM also scores every step and
 "located_step" names the first one below its threshold (-1: none; the threshold the run chose on validation
-samples for the first-error study, or --step_threshold), with "step_scores"; with --render_prompt a few-shot
+samples for the first-error study, or --step_threshold), with "step_scores" and the critic's "located_feedback" on
+that step (what it says asked about it, even where its unprompted feedback is "No hint"); with --render_prompt a few-shot
 "prompt" that asks an LLM to revise the
 hypothesis given the feedback (built-in demonstrations for MWP only, other tasks get a zero-shot prompt;
 --demos=FILE.jsonl with question / hypothesis / feedback / revision per line gives or replaces them). Inputs longer

@@ -4,7 +4,8 @@
 
 Each DIR is a workdir of `launch/train.py --config=... --config.seed=S`. Reward runs (`configs/rm_*.py`): their
 evaluations' `outcomes.json`, and where every run also saved `eval/first_error_predictions.json`, the verifiers'
-first-error scores. REFINER runs (`configs/refiner_*.py`): each row's per-problem scores (`row_scores.json`), with
+first-error scores. Joint runs (`configs/joint_mwp.py`): `joint/outcomes.json`, every row against PRM reranking at
+equal compute and the other baselines. REFINER runs (`configs/refiner_*.py`): each row's per-problem scores (`row_scores.json`), with
 every row's paired difference from the generator alone and from each baseline row. Prints the pooled table in
 Markdown; `--out` also writes it and the intervals as JSON.
 """
@@ -20,7 +21,7 @@ from refiner_jax.runs import seed_pool  # noqa: E402 (after the path line)
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("workdirs", nargs="+", help="runs of one job (reward or REFINER) with different seeds")
+    parser.add_argument("workdirs", nargs="+", help="runs of one job (reward, joint or REFINER) with different seeds")
     parser.add_argument("--out", help="write the pooled results here as JSON")
     parser.add_argument("--samples", type=int, default=1000, help="bootstrap resamples")
     args = parser.parse_args(argv)

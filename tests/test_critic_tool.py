@@ -69,6 +69,26 @@ def test_a_step_verifier_adds_the_located_step(tmp_path, mwp):
     out = json.loads(dst.read_text())
     assert out["located_step"] == 1 and out["step_scores"] == [0.9, 0.2] and out["feedback"] == "An operator is extra."
     assert seen == [(["Q2 number0 number1"], [hyp])]
+    assert "located_feedback" not in out  # this critic cannot be asked about a step
+
+
+def test_a_critic_that_can_be_asked_explains_the_located_step(tmp_path, mwp):
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    hyp = "#0: add ( number0, number1 ) | #1: add ( #0, number1 )"
+    _write(src, [json.dumps({"question": "Q1 number0 number1", "hypothesis": hyp}),
+                 json.dumps({"question": "Q2 number0 number1", "hypothesis": hyp})])
+
+    class Asked(RecordingCritic):
+        def explain(self, examples, hypotheses, steps):
+            self.asked = ([e.x for e in examples], list(steps))
+            return [f"The operator in #{k} is incorrect." for k in steps]
+
+    critic = Asked(mwp)
+    # The verifier finds nothing doubtful in the first record (-1) and doubts step 0 of the second.
+    critic_tool.run_tool(critic, mwp, str(src), str(dst), locate=lambda qs, hs: ([-1, 0], [[0.9, 0.8], [0.1, 0.8]]))
+    first, second = (json.loads(line) for line in dst.read_text().splitlines())
+    assert critic.asked == (["Q2 number0 number1"], [0])
+    assert "located_feedback" not in first and second["located_feedback"] == "The operator in #0 is incorrect."
 
 
 @pytest.mark.parametrize("line, expected", [

@@ -52,6 +52,42 @@ def test_solver_critic_compares_against_its_own_solution():
         critic.feedback([a, b], [GOLD])
 
 
+def test_critics_explain_the_step_they_are_asked_about():
+    """Asked about one step, the solving critic says what its check against its own answer finds there, even where
+    its confidence keeps it silent unprompted; the paper's critic picks the likeliest of the task's sentences about
+    that step."""
+    task = get_task("mwp")
+    a = Example("a", "question a", GOLD, "1", {"numbers": [2.0, 3.0, 1.0]})
+    b = Example("b", "question b", GOLD, "1", {"numbers": [2.0, 3.0, 1.0]})
+    wrong_op = "#0: add ( number0, number1 ) | #1: subtract ( #0, number2 )"
+    model = FakeSolver({"question a": GOLD, "question b": "#0: multiply ( number0"},
+                       {("question a", GOLD): -1.0, ("question a", wrong_op): -0.5,
+                        ("question b", "#0: multiply ( number0"): -2.0})
+    solver = critics.SolverCritic(model, task)
+    assert solver.feedback([a], [wrong_op]) == [NO_HINT]  # -0.5 >= -1.0: unprompted it keeps quiet
+    # Step 0 is where its own answer differs; step 1 uses #0 as its own does; on b its own answer is malformed.
+    assert solver.explain([a, a, b], [wrong_op] * 3, [0, 1, 0]) == [
+        "The operator in #0 is incorrect.", NO_HINT, NO_HINT]
+
+    class Scorer:
+        def __init__(self):
+            self.asked = []
+
+        def score(self, texts, targets):
+            self.asked += list(zip(texts, targets))
+            likely = {("a", "The second number in #1 is incorrect."): -0.3,
+                      ("b", "The operator in #0 is incorrect."): -0.9}
+            return np.array([likely.get((t.split()[1], y), -2.0) for t, y in zip(texts, targets)])
+
+    scorer = Scorer()
+    paper = critics.ModelCritic(scorer, task)
+    assert paper.explain([a, b], [wrong_op, wrong_op], [1, 0]) == [
+        "The second number in #1 is incorrect.", "The operator in #0 is incorrect."]
+    input_a, input_b = task.critic_input(a, wrong_op), task.critic_input(b, wrong_op)
+    assert scorer.asked == ([(input_a, s) for s in task.step_sentences(1)]
+                            + [(input_b, s) for s in task.step_sentences(0)])
+
+
 def test_model_critic_threshold_decides_no_hint():
     class Fixed:
         def generate_with_log_probs(self, texts):

@@ -72,6 +72,52 @@ def test_variants_switch_each_part():
     assert calls[0][1] == [""]  # explanation only: the critic's whole feedback, nothing forced
 
 
+class _AskedCritic(_Critic):
+    """A critic that, asked about a step, names its second number (and is silent unprompted)."""
+
+    def __init__(self):
+        super().__init__()
+        self.asked = []
+
+    def feedback(self, examples, solutions):
+        self.calls.append(list(solutions))
+        return ["No hint" for _ in solutions]
+
+    def explain(self, examples, solutions, steps):
+        self.asked.append((list(solutions), list(steps)))
+        return [f"The second number in #{k} is incorrect." for k in steps]
+
+
+def test_the_critic_is_asked_about_the_located_step():
+    """A critic with `explain` is asked about the located step (#1 of problem b's best sample) instead of giving its
+    unprompted feedback; its answer is the feedback, charged by `explain_cost`. Unasked (or without the location),
+    the same critic's "No hint" leaves the location sentence, or nothing to revise."""
+    calls, critic = [], _AskedCritic()
+    examples, samples = [_example("a"), _example("b")], [[GOLD, WRONG], [WRONG, GOLD]]
+    steps = [[np.array([0.95, 0.9]), np.array([0.9, 0.1])], [np.array([0.8, 0.3]), np.array([0.2, 0.9])]]
+
+    def generate(inputs, prefixes):
+        calls.append((list(inputs), list(prefixes)))
+        return [GOLD for _ in inputs]
+
+    kwargs = dict(task=mwp.MWPTask(), generate=generate, critic=critic,
+                  score_steps=lambda prompts, solutions: [np.array([0.9, 0.85]) for _ in solutions],
+                  count_tokens=lambda t: len(t.split()), location_feedback=lambda k: f"Look at #{k}.", gate=0.5,
+                  step_threshold=0.4, explain_cost=lambda example, solution, said: (0, 3))
+    out = joint.joint_refine(examples, samples, steps, variant=joint.Variant(), **kwargs)
+    assert critic.asked == [([WRONG], [1])] and critic.calls == []
+    assert out.critic_said == ["", "The second number in #1 is incorrect."] and out.feedback == out.critic_said
+    assert calls[0] == ([f"problem b Previous Answer: {WRONG} Feedback: The second number in #1 is incorrect."],
+                        ["#0: multiply ( number1, number2 )"])
+    # Problem b (tokens = words): 3 scoring passes to ask; the revision (GOLD, 13 words) wrote the 7 after the 6-word
+    # prefix (8 passes with its prefill); one pass to score it.
+    assert out.compute.tokens.tolist() == [0, 7] and out.compute.passes.tolist() == [0, 3 + 8 + 1]
+    unasked = joint.joint_refine(examples, samples, steps, variant=joint.Variant(ask=False), **kwargs)
+    assert critic.calls == [[WRONG]] and unasked.feedback == ["", "Look at #1."]
+    silent = joint.joint_refine(examples, samples, steps, variant=joint.Variant(locate=False), **kwargs)
+    assert silent.revisions == [None, None] and len(critic.asked) == 1  # "No hint" without a location: no revision
+
+
 def test_revision_replaces_the_sample_without_rerank():
     """Without reranking a revision is the answer even when the verifier scores it below the sample it replaces;
     problems the gate kept are untouched, and the revision is still scored (its score is the confidence)."""
@@ -107,8 +153,9 @@ def test_revision_stats_by_hand():
     full = _run(joint.Variant(), [])
     assert full.best == [GOLD, WRONG] and full.kept.tolist() == [False, True]
     assert revision_stats(examples, full, task) == dict(
-        revised=1, critic_hint=1, critic_names_located_step=1, best_has_wrong_step=1, located_first_error=1,
-        prefix_all_right=1, best_right=0, revision_right=1, kept=1, kept_right=1, fixed=1, broken=0)
+        revised=1, critic_hint=1, critic_names_located_step=1, critic_right_about_located=1, best_has_wrong_step=1,
+        located_first_error=1, prefix_all_right=1, best_right=0, revision_right=1, revision_right_best_wrong=1, kept=1,
+        kept_right=1, fixed=1, broken=0)
     # Without gate or rerank and with a generator that always writes a wrong answer, both problems are revised and
     # every revision replaces its sample: a's right best sample (no wrong step; located at its lowest step, 1) is
     # broken, b's wrong one stays wrong. Location only: the critic is not asked.
@@ -122,9 +169,11 @@ def test_revision_stats_by_hand():
         gate=0.5, step_threshold=0.4, variant=joint.Variant(explain=False, gate=False, rerank=False))
     assert out.located == [1, 1] and out.critic_said == ["", ""]
     assert revision_stats(examples, out, task) == dict(
-        revised=2, critic_hint=0, critic_names_located_step=0, best_has_wrong_step=1, located_first_error=1,
-        prefix_all_right=1, best_right=1, revision_right=0, kept=2, kept_right=0, fixed=0, broken=1)
-    # A located step after the first wrong one: the forced prefix keeps the wrong step 0, the revision cannot fix it.
+        revised=2, critic_hint=0, critic_names_located_step=0, critic_right_about_located=0, best_has_wrong_step=1,
+        located_first_error=1, prefix_all_right=1, best_right=1, revision_right=0, revision_right_best_wrong=0, kept=2,
+        kept_right=0, fixed=0, broken=1)
+    # A located step after the first wrong one: the forced prefix keeps the wrong step 0, the revision cannot fix it;
+    # the critic's sentence about #1 is not the oracle's (step 1 is right given step 0).
     early = "#0: add ( number1, number2 ) | #1: subtract ( number0, #0 )"
     out = joint.joint_refine(
         examples[:1], [[early]], [[np.array([0.9, 0.3])]], task=task, critic=_Critic(),
@@ -134,5 +183,6 @@ def test_revision_stats_by_hand():
         gate=0.5, step_threshold=0.4)
     assert out.located == [1] and out.revisions == ["#0: add ( number1, number2 ) | #1: add ( number0, #0 )"]
     assert revision_stats(examples[:1], out, task) == dict(
-        revised=1, critic_hint=1, critic_names_located_step=1, best_has_wrong_step=1, located_first_error=0,
-        prefix_all_right=0, best_right=0, revision_right=0, kept=0, kept_right=0, fixed=0, broken=0)
+        revised=1, critic_hint=1, critic_names_located_step=1, critic_right_about_located=0, best_has_wrong_step=1,
+        located_first_error=0, prefix_all_right=0, best_right=0, revision_right=0, revision_right_best_wrong=0, kept=0,
+        kept_right=0, fixed=0, broken=0)

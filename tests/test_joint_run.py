@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from refiner_jax.runs import joint_run, refiner_run, reward_run, run_config
+from refiner_jax.runs import joint_run, refiner_run, reward_run, run_config, seed_pool
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_pipeline import tiny_config as tiny_refiner  # noqa: E402
@@ -38,7 +38,8 @@ def test_joint_run_on_tiny_runs(tmp_path):
     assert any(label.startswith("locate + explain + revise + rerank") for label in labels)
     equal = next(label for label in labels if label.startswith("PRM rerank, equal compute"))
     loop_equal = next(label for label in labels if label.startswith("REFINER loop, equal compute"))
-    assert [b["baseline"] for b in out["paired_deltas"]] == [equal, "REFINER loop (T=1)", loop_equal]
+    gated = next(label for label in labels if "more samples below the gate" in label)
+    assert [b["baseline"] for b in out["paired_deltas"]] == [equal, gated, "REFINER loop (T=1)", loop_equal]
     rows = out["table"]
     # Tokens: K samples cost twice one sample's; the joint rows spend at least the K samples' tokens.
     assert rows["PRM rerank (K=2)"]["tokens_per_problem"] > rows["first sample"]["tokens_per_problem"]
@@ -54,6 +55,10 @@ def test_joint_run_on_tiny_runs(tmp_path):
     assert starts == 4 or rows[loop_equal]["tokens_per_problem"] >= rows[full]["tokens_per_problem"]
     saved = json.load(open(tmp_path / "joint" / "joint" / "results.json"))
     assert saved["settings"]["equal_compute_samples"] >= 2
+    # More samples only below the gate: the fewest extra that spend the full system's tokens (at most K more).
+    extra = saved["settings"]["samples_added_below_gate"]
+    assert gated.startswith(f"PRM rerank, {extra} more samples") and 0 <= extra <= 2
+    assert extra == 2 or rows[gated]["tokens_per_problem"] >= rows[full]["tokens_per_problem"]
     assert os.path.getsize(tmp_path / "joint" / "joint" / "tokens.png") > 1000
     markdown = open(tmp_path / "joint" / "joint" / "results.md").read()
     assert "locate + explain + revise + rerank" in markdown and "What the revisions did" in markdown
@@ -65,8 +70,16 @@ def test_joint_run_on_tiny_runs(tmp_path):
         assert c["located_first_error"] <= c["prefix_all_right"] <= c["best_has_wrong_step"] <= c["revised"]
         assert c["critic_names_located_step"] <= c["critic_hint"] <= c["revised"]
         assert c["fixed"] <= c["kept_right"] and c["broken"] <= c["kept"] - c["kept_right"]
+        assert c["fixed"] <= c["revision_right_best_wrong"] <= min(c["revision_right"], c["revised"] - c["best_right"])
         assert c["best_right"] - c["broken"] + c["fixed"] <= c["revised"]
     assert saved["revisions"]["locate only (\"#k is wrong\") + revise + rerank (K=2)"]["critic_hint"] == 0
+    # The per-problem outcomes for pooling seeds name the rows without what varies between seeds.
+    record = seed_pool.read_outcomes(str(tmp_path / "joint"))
+    assert record["baseline"] == "PRM rerank, equal compute" and record["labels"]["PRM rerank, equal compute"] == equal
+    assert set(record["rules"]) == set(record["labels"]) and len(record["rules"]) == len(rows)
+    assert all(len(o.correct) == 12 for o in record["rules"].values())
+    oracle = saved["revisions"]["locate + the oracle's explanation (a bound) + revise + rerank (K=2)"]
+    assert oracle["critic_right_about_located"] == oracle["critic_names_located_step"]  # the oracle is the oracle
 
 
 def test_joint_config_errors_name_the_field(tmp_path):

@@ -120,6 +120,34 @@ def test_pooled_first_errors_against_hand_worked_values(tmp_path):
     assert "first_error" not in seed_pool.pool_seeds(dirs, samples=50)  # a run without predictions: no pooled scores
 
 
+def test_pooled_joint_rows_against_hand_worked_values(tmp_path):
+    """The joint job's runs pool from `joint/outcomes.json`: rows whose label names what varies between seeds (K of
+    the equal-compute rerank) pool under the name both runs record, the deltas are against that rerank, and a run of
+    another job is refused."""
+    equal = "PRM rerank, equal compute"
+    full = "locate + explain + revise + rerank (K=2)"
+    # Seed 0: the rerank right on 3 of 4, the full system on all 4; seed 1: the rerank on 1 of 4, the full system on 2.
+    runs = {0: ({equal: _outcome([1, 1, 0, 1], [1, 1, 0, 1]), full: _outcome([1, 1, 1, 1], [1, 1, 1, 1])}, "K=3"),
+            1: ({equal: _outcome([0, 1, 0, 0], [0, 1, 0, 0]), full: _outcome([0, 1, 1, 0], [0, 1, 1, 0])}, "K=4")}
+    dirs = []
+    for seed, (rules, k) in runs.items():
+        dirs.append(str(tmp_path / f"seed{seed}"))
+        os.makedirs(os.path.join(dirs[-1], "joint"))
+        record = seed_pool.outcomes_record(rules, seed=seed, k=2, rate=0.25, trace_pairs=(), baseline=equal,
+                                           labels={equal: f"{equal} ({k})", full: full})
+        with open(os.path.join(dirs[-1], "joint", seed_pool.OUTCOMES_FILE), "w") as f:
+            json.dump(record, f)
+    pooled = seed_pool.pool_seeds(dirs, samples=400)
+    assert list(pooled["table"]) == [equal, full] and pooled["paired_deltas"]["baseline"] == equal
+    assert pooled["table"][equal]["final_answer_error"]["mean"] == pytest.approx(4 / 8)
+    assert pooled["paired_deltas"][full]["mean"] == pytest.approx(2 / 8 - 4 / 8)
+    assert pooled["labels_per_seed"] == {equal: [f"{equal} (K=3)", f"{equal} (K=4)"]}
+    assert "Δ trace error" not in pooled["markdown"] and f"{equal} (K=3)" in pooled["markdown"]
+    _write_run(str(tmp_path / "reward"), 2, {"SFT greedy": _outcome([1, 0], [1, 0])}, [])
+    with pytest.raises(ValueError, match="differ in baseline"):
+        seed_pool.pool_seeds([dirs[0], str(tmp_path / "reward")])
+
+
 def test_pool_refuses_what_it_cannot_pool(tmp_path):
     rules = {"SFT greedy": _outcome([1, 0], [1, 0])}
     _write_run(str(tmp_path / "a"), 0, rules, [])

@@ -4,12 +4,14 @@ from there, and the verifier reranks originals and revisions.
     K samples per problem, every step scored (one scorer pass per solution)
     gate:     keep the verifier's best sample when its score reaches `gate` (a confident problem is left alone)
     locate:   the first step of the best sample scored below `step_threshold` (its lowest step if none is)
-    explain:  the critic's feedback on that sample, its sentences about the located step `#k` when it has some
+    explain:  the critic asked about the located step `#k` (`critic.explain`); a critic without `explain`: its
+              feedback's sentences about `#k`, when it has some
     revise:   the generator rewrites from the problem, the sample and the feedback, the steps before `#k` forced
     rerank:   the best of the K samples and the revision by the verifier
 
 `Variant` switches each part off for the ablations (location only: the feedback is `location_feedback(k)`;
-explanation only: the critic's whole feedback and no forced prefix). Every model call is counted
+explanation only: the critic's whole feedback and no forced prefix; unasked: only what the critic's own feedback says
+about `#k`). Every model call is counted
 (`Compute`: generated tokens and forward passes), so variants can be compared at equal compute. The function
 works over any generator (`generate(inputs, prefixes) -> texts`), critic (`feedback(examples, solutions)`) and step
 scorer (`(prompts, solutions) -> per-step scores`).
@@ -17,30 +19,31 @@ scorer (`(prompts, solutions) -> per-step scores`).
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Callable, Sequence
 
 import numpy as np
 
 from refiner_jax.reward.batches import step_ends
-from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task, is_no_hint, refine_input
+from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task, is_no_hint, refine_input, sentences_about
 
 StepScorer = Callable[[list[str], list[str]], list[np.ndarray]]
 # (generator inputs, forced target prefixes) -> one greedy output each, prefix included
 Generate = Callable[[list[str], list[str]], list[str]]
 CountTokens = Callable[[str], int]
-_SENTENCE = re.compile(r"[^.!?]*[.!?]")
 
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """Which parts run: `locate` (revise from the located step, forced prefix), `explain` (the critic's feedback;
-    without it the location sentence), `gate` (only problems whose best score is below the gate), `rerank` (the
-    revision is kept only when the verifier scores it above the best sample; without it the revision replaces the
-    sample, so the verifier decides only which problems to revise)."""
+    without it the location sentence), `ask` (with both: the critic is asked about the located step and answers even
+    where it would say "No hint" unprompted; without it only its unprompted feedback's sentences about the step),
+    `gate` (only problems whose best score is below the gate), `rerank` (the revision is kept only when the verifier
+    scores it above the best sample; without it the revision replaces the sample, so the verifier decides only which
+    problems to revise)."""
 
     locate: bool = True
     explain: bool = True
+    ask: bool = True
     gate: bool = True
     rerank: bool = True
 
@@ -98,12 +101,6 @@ def locate(steps: np.ndarray, step_threshold: float) -> int:
     return int(np.argmin(steps)) if len(steps) else 0
 
 
-def sentences_about(feedback: str, step: int) -> str:
-    """The sentences of `feedback` that name `#step` ("" when none does)."""
-    mark = re.compile(rf"#\s*{step}(?!\d)")
-    return " ".join(s.strip() for s in _SENTENCE.findall(feedback) if mark.search(s))
-
-
 def prefix_before(task: Task, solution: str, step: int) -> str:
     """The solution's text up to the end of the step before `step` ("" for the first step)."""
     steps = task.split_steps(solution)
@@ -112,19 +109,22 @@ def prefix_before(task: Task, solution: str, step: int) -> str:
     return solution[:step_ends(solution, steps)[min(step, len(steps)) - 1]]
 
 
-def joint_refine(examples: Sequence[Example], samples: Sequence[Sequence[str]], sample_steps: Sequence[Sequence[np.ndarray]],
-                 *, task: Task, generate: Generate, critic, score_steps: StepScorer, count_tokens: CountTokens,
+def joint_refine(examples: Sequence[Example], samples: Sequence[Sequence[str]],
+                 sample_steps: Sequence[Sequence[np.ndarray]], *, task: Task, generate: Generate, critic,
+                 score_steps: StepScorer, count_tokens: CountTokens,
                  location_feedback: Callable[[int], str], gate: float, step_threshold: float,
                  variant: Variant = Variant(), template: str = DEFAULT_REFINE_TEMPLATE,
-                 critic_cost: Callable[[Example, str, str], tuple[int, int]] | None = None) -> JointResult:
+                 critic_cost: Callable[[Example, str, str], tuple[int, int]] | None = None,
+                 explain_cost: Callable[[Example, str, str], tuple[int, int]] | None = None) -> JointResult:
     """One locate / explain / revise / rerank round on every problem (batched: one critic call, one generator call
     and one scorer call for all the revised problems). `samples[i]` are problem i's K samples and
     `sample_steps[i][j]` the verifier's step scores of sample j (already computed and counted by the caller).
     `critic_cost(example, solution, feedback)` -> (tokens, passes) the critic spent (default: it wrote the
-    feedback)."""
+    feedback); `explain_cost` the same for `critic.explain` (default: `critic_cost`)."""
     if critic_cost is None:
         def critic_cost(example, solution, text):
             return count_tokens(text), count_tokens(text) + 1
+    explain_cost = explain_cost or critic_cost
     n = len(examples)
     compute = Compute.zeros(n)
     best = [int(np.argmax([solution_score(s) for s in steps])) for steps in sample_steps]
@@ -135,9 +135,13 @@ def joint_refine(examples: Sequence[Example], samples: Sequence[Sequence[str]], 
     located = [locate(sample_steps[i][best[i]], step_threshold) for i in range(n)]
     feedback, critic_said = [""] * n, [""] * n
     if revise and variant.explain:
-        said = critic.feedback([examples[i] for i in revise], [chosen[i] for i in revise])
+        asked, solutions = [examples[i] for i in revise], [chosen[i] for i in revise]
+        if variant.locate and variant.ask and hasattr(critic, "explain"):
+            said, cost = critic.explain(asked, solutions, [located[i] for i in revise]), explain_cost
+        else:
+            said, cost = critic.feedback(asked, solutions), critic_cost
         for i, f in zip(revise, said):
-            compute.add(i, *critic_cost(examples[i], chosen[i], f))
+            compute.add(i, *cost(examples[i], chosen[i], f))
             critic_said[i] = f
             about = sentences_about(f, located[i]) if variant.locate else f
             feedback[i] = about or (location_feedback(located[i]) if variant.locate else f)

@@ -201,7 +201,8 @@ Locator = Callable[[list[str], list[str]], tuple[list[int], list[list[float]]]]
 def annotate(records: Sequence[dict], critic: critics.Critic, task: Task, fmt: PromptFormat | None = None,
              source: str = "<input>", locate: Locator | None = None) -> list[dict]:
     """The records with the critic's "feedback" (and, with `fmt`, the refinement "prompt"; with `locate`, a step
-    verifier's "located_step" and "step_scores") added."""
+    verifier's "located_step" and "step_scores", and, from a critic that can be asked about a step, its
+    "located_feedback" on that step) added."""
     examples = records_to_examples(records, task, source)
     feedback = critic.feedback(examples, [r["hypothesis"] for r in records]) if records else []
     if len(feedback) != len(records):
@@ -209,12 +210,18 @@ def annotate(records: Sequence[dict], critic: critics.Critic, task: Task, fmt: P
                          "must answer every hypothesis it is given, in order")
     located, scores = (locate([r["question"] for r in records], [r["hypothesis"] for r in records])
                        if locate is not None and records else (None, None))
+    asked = [i for i in range(len(records)) if located is not None and located[i] >= 0]
+    explained = dict(zip(asked, critic.explain([examples[i] for i in asked], [records[i]["hypothesis"] for i in asked],
+                                               [int(located[i]) for i in asked])
+                         if asked and hasattr(critic, "explain") else []))
     out = []
     for i, (r, f) in enumerate(zip(records, feedback)):
         record = {k: v for k, v in r.items() if k != "_line"}
         record["feedback"] = f
         if located is not None:
             record["located_step"], record["step_scores"] = int(located[i]), [float(v) for v in scores[i]]
+        if i in explained:
+            record["located_feedback"] = explained[i]
         if fmt is not None:
             record["prompt"] = render_prompt(r["question"], r["hypothesis"], f, fmt)
         out.append(record)

@@ -1,9 +1,9 @@
 """Critics: anything that maps (problems, hypotheses) to feedback strings, "No hint" meaning nothing to fix.
 
 Trained critics (`ModelCritic`, the paper's x + hypothesis -> feedback; `SolverCritic`, solve then compare) also
-give a `confidence` that each hypothesis is right; `load_critic` reads a run's trained critic with its calibrated
-threshold. `OracleCritic`, `NoisyCritic`, `HumanCritic` and `CallableCritic` cover the gold, noisy, human and any
-Python function as critics.
+give a `confidence` that each hypothesis is right and, asked about one step, `explain` it; `load_critic` reads a
+run's trained critic with its calibrated threshold. `OracleCritic`, `NoisyCritic`, `HumanCritic` and
+`CallableCritic` cover the gold, noisy, human and any Python function as critics.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from refiner_jax.tasks.base import NO_HINT, Example, Task, as_task_question, gold_fields_read
+from refiner_jax.tasks.base import NO_HINT, Example, Task, as_task_question, gold_fields_read, sentences_about
 from refiner_jax import text_model
 from refiner_jax.text_model import RunInfo, TextModel
 
@@ -67,6 +67,24 @@ class ModelCritic:
     def confidence(self, examples: Sequence[Example | str], hypotheses: Sequence[str]) -> np.ndarray:
         """How sure the critic is that each hypothesis is right (higher: surer): its "No hint" log-probability."""
         return self.no_hint_log_probs(examples, hypotheses)
+
+    def explain(self, examples: Sequence[Example | str], hypotheses: Sequence[str], steps: Sequence[int]
+                ) -> list[str]:
+        """The critic asked about one step of each hypothesis, `#steps[i]`, which the caller already doubts: of the
+        task's sentences about that step (`task.step_sentences`), the one it finds most likely, whether or not it
+        would speak unprompted. A task without them gets the sentences of its feedback about the step ("No hint"
+        when none names it)."""
+        options = getattr(self.task, "step_sentences", None)
+        if options is None:
+            return [sentences_about(f, k) or NO_HINT for f, k in zip(self.feedback(examples, hypotheses), steps)]
+        inputs = self._inputs(examples, hypotheses)
+        asked = [options(k) for k in steps]
+        log_probs = self.model.score([x for x, o in zip(inputs, asked) for _ in o], [s for o in asked for s in o])
+        out, at = [], 0
+        for o in asked:
+            out.append(o[int(np.argmax(log_probs[at:at + len(o)]))])
+            at += len(o)
+        return out
 
     def no_hint_log_probs(self, examples: Sequence[Example | str], hypotheses: Sequence[str]) -> np.ndarray:
         """The critic's log-probability of answering "No hint" to each hypothesis, `[len(hypotheses)]`: a
@@ -183,6 +201,15 @@ class SolverCritic:
         """How sure the critic is that each hypothesis is right (higher: surer), `[len(hypotheses)]`."""
         return self.judge(examples, hypotheses)[1]
 
+    def explain(self, examples: Sequence[Example | str], hypotheses: Sequence[str], steps: Sequence[int]
+                ) -> list[str]:
+        """The critic asked about one step of each hypothesis, `#steps[i]`, which the caller already doubts: what its
+        check against its own answer says about that step, whatever its confidence ("No hint" when the check finds
+        nothing there or its own answer is malformed)."""
+        checks, _ = self.judge(examples, hypotheses)
+        return [(sentences_about(check.text, k) if check is not None else "") or NO_HINT
+                for check, k in zip(checks, steps)]
+
 
 def load_critic(run: RunInfo, task: Task | None = None, batch_size: int = 64, mesh: Mesh | None = None
                 ) -> "ModelCritic | SolverCritic":
@@ -223,6 +250,10 @@ class OracleCritic:
 
     def feedback(self, examples, hypotheses):
         return [self.task.oracle_feedback(ex, h).text for ex, h in zip(examples, hypotheses)]
+
+    def explain(self, examples, hypotheses, steps):
+        """The oracle's sentences about step `#steps[i]` ("No hint" when that step holds none of its errors)."""
+        return [sentences_about(f, k) or NO_HINT for f, k in zip(self.feedback(examples, hypotheses), steps)]
 
 
 @dataclasses.dataclass

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Sequence
 
 import jax
@@ -28,10 +29,11 @@ import numpy as np
 from refiner_jax import atomic_files, text_model
 from refiner_jax.joint import locate_explain_revise as joint, loop_baselines
 from refiner_jax.joint.revision_stats import revision_stats
-from refiner_jax.refiner.critics import SolverCritic
+from refiner_jax.refiner.critics import OracleCritic, SolverCritic
 from refiner_jax.reward import first_error, rerank
 from refiner_jax.reward.scorer import load_reward_model
-from refiner_jax.runs import refiner_eval, refiner_run, results as results_lib, reward_run, run_config, run_lock
+from refiner_jax.runs import (refiner_eval, refiner_run, results as results_lib, reward_run, run_config, run_lock,
+                              seed_pool)
 from refiner_jax.tasks import get_task
 from refiner_jax.tasks.base import Example, Task
 
@@ -41,6 +43,7 @@ STAGES = ("refiner", "reward", "joint")
 REFINER_STAGES = ("warmup", "critic", "refiner")
 REWARD_STAGES = ("sft", "prm")
 FULL = "locate + explain + revise + rerank"
+ORACLE = "locate + the oracle's explanation (a bound) + revise + rerank"
 
 
 def _need(ok: bool, field: str, message: str) -> None:
@@ -107,6 +110,7 @@ class _Models:
         self.prm = load_reward_model(os.path.join(reward_dir, "prm"), reward.tokenizer(), task,
                                      reward.lengths["input"], reward.lengths["target"])
         self.template = info.config.refiner.template
+        self.task = task
 
     def tokens(self, text: str) -> int:
         """Tokens a model writes for `text`: its tokens and the end token."""
@@ -120,6 +124,13 @@ class _Models:
             own = self.tokens(self.critic.references([example])[0][0]) * (1 + self.critic.samples) if first else 0
             return own, (own + 1 + self.critic.samples if first else 0) + 1
         return self.tokens(feedback), self.tokens(feedback) + 1
+
+    def explain_cost(self, example: Example, solution: str, said: str) -> tuple[int, int]:
+        """(tokens, passes) of asking the critic about one step: a solving critic's check costs what its feedback
+        does; the paper's critic scores each of the task's sentences about the step and writes nothing."""
+        if isinstance(self.critic, SolverCritic) or not hasattr(self.task, "step_sentences"):
+            return self.critic_cost(example, solution, said)
+        return 0, len(self.task.step_sentences(0))
 
     def generate(self, inputs: list[str], prefixes: list[str]) -> list[str]:
         return [t[0] for t in self.generator.generate(inputs, prefixes=prefixes)]
@@ -168,35 +179,40 @@ def evaluate(config, out_dir: str, refiner_dir: str, reward_dir: str) -> dict:
                  np.array([not task.outcome_label(ex, hs[b]) for ex, hs, b in zip(val, val_samples, best)]))
     sample_tokens = np.array([[m.tokens(h) for h in hs] for hs in pool])  # [n, 2K]
 
-    def sampled(count: int) -> joint.Compute:
-        """The cost of `count` samples per problem, each scored once."""
-        tokens = sample_tokens[:, :count].sum(axis=1)
-        return joint.Compute(tokens.copy(), tokens + 2 * count)
+    def sampled(count) -> joint.Compute:
+        """The cost of `count` samples per problem (one count, or one per problem), each scored once."""
+        counts = np.broadcast_to(count, (len(pool),))
+        tokens = np.where(np.arange(2 * k) < counts[:, None], sample_tokens, 0).sum(axis=1)
+        return joint.Compute(tokens, tokens + 2 * counts)
 
     rows: dict[str, tuple[list[str], np.ndarray, joint.Compute]] = {}
     rows["first sample"] = ([hs[0] for hs in pool], np.array([joint.solution_score(ss[0]) for ss in pool_steps]),
                             sampled(1))
 
-    def rerank_row(count: int):
+    def rerank_row(count):
         chosen, conf = [], []
-        for hs, ss in zip(pool, pool_steps):
-            scores = [joint.solution_score(s) for s in ss[:count]]
+        for hs, ss, c in zip(pool, pool_steps, np.broadcast_to(count, (len(pool),))):
+            scores = [joint.solution_score(s) for s in ss[:c]]
             chosen.append(hs[int(np.argmax(scores))])
             conf.append(max(scores))
         return chosen, np.array(conf), sampled(count)
 
     rows[f"PRM rerank (K={k})"] = rerank_row(k)
     variants = {FULL: joint.Variant(), f"{FULL}, no gate": joint.Variant(gate=False),
+                "locate + explain (only where the critic speaks unasked) + revise + rerank": joint.Variant(ask=False),
                 "locate only (\"#k is wrong\") + revise + rerank": joint.Variant(explain=False),
                 "explain only (the critic's feedback) + revise + rerank": joint.Variant(locate=False),
-                "locate + explain + revise, the revision replaces the sample": joint.Variant(rerank=False)}
+                "locate + explain + revise, the revision replaces the sample": joint.Variant(rerank=False),
+                ORACLE: joint.Variant()}
     revisions = {}
     for label, variant in variants.items():
+        asked = dict(critic=m.critic, critic_cost=m.critic_cost, explain_cost=m.explain_cost)
+        if label == ORACLE:  # the gold-aware critic, charged nothing: how far better explanations could go
+            asked = dict(critic=OracleCritic(task), critic_cost=_free, explain_cost=_free)
         out = joint.joint_refine(test, [hs[:k] for hs in pool], [ss[:k] for ss in pool_steps], task=task,
-                                 generate=m.generate, critic=m.critic, score_steps=m.prm.step_scores,
-                                 count_tokens=m.tokens, location_feedback=_location_feedback(task),
-                                 gate=gate, step_threshold=step_threshold, variant=variant, template=m.template,
-                                 critic_cost=m.critic_cost)
+                                 generate=m.generate, score_steps=m.prm.step_scores, count_tokens=m.tokens,
+                                 location_feedback=_location_feedback(task), gate=gate,
+                                 step_threshold=step_threshold, variant=variant, template=m.template, **asked)
         spent = sampled(k)
         revisions[f"{label} (K={k})"] = revision_stats(test, out, task)
         rows[f"{label} (K={k})"] = (out.chosen, out.confidence,
@@ -205,6 +221,11 @@ def evaluate(config, out_dir: str, refiner_dir: str, reward_dir: str) -> dict:
     matched = int(min(2 * k, max(k, math.ceil(full_tokens / sample_tokens[:, :k].mean()))))
     equal = f"PRM rerank, equal compute (K={matched})"
     rows[equal] = rerank_row(matched)
+    # The same compute spent where the full system spends it: more samples only for the problems below the gate.
+    doubted = rows[f"PRM rerank (K={k})"][1] < gate
+    extra = next((e for e in range(k + 1) if sampled(k + e * doubted).tokens.mean() >= full_tokens), k)
+    gated = f"PRM rerank, {extra} more samples below the gate, equal compute"
+    rows[gated] = rerank_row(k + extra * doubted)
     refiner_label = f"REFINER loop (T={j.turns})"
     rows[refiner_label] = _refiner_loop(m, task, test, j.turns)
     # The loop at equal compute: the fewest of the 2K samples which, each taken through the loop, spend the full
@@ -214,9 +235,17 @@ def evaluate(config, out_dir: str, refiner_dir: str, reward_dir: str) -> dict:
     starts = loop_baselines.matched_starts(runs, full_tokens)
     loop_equal = f"REFINER loop, equal compute ({starts} sampled starts, T={j.turns}, majority vote)"
     rows[loop_equal] = (*loop_baselines.vote(runs, test, task, starts), runs.compute(starts))
-    return _report(config, out_dir, task, test, pool, rows, (equal, refiner_label, loop_equal), revisions,
-                   {"gate": gate, "step_threshold": step_threshold, "equal_compute_samples": matched,
+    # Names for pooling seeds: what varies between seeds (K, the samples added, the starts) left out.
+    stable = {equal: "PRM rerank, equal compute", gated: "PRM rerank, more samples below the gate, equal compute",
+              loop_equal: "REFINER loop, equal compute"}
+    return _report(config, out_dir, task, test, pool, rows, (equal, gated, refiner_label, loop_equal), revisions,
+                   stable, {"gate": gate, "step_threshold": step_threshold, "equal_compute_samples": matched,
+                    "samples_added_below_gate": extra, "share_below_gate": float(doubted.mean()),
                     "refiner_loop_starts": starts})
+
+
+def _free(example: Example, solution: str, said: str) -> tuple[int, int]:
+    return 0, 0
 
 
 def _location_feedback(task: Task):
@@ -238,7 +267,7 @@ def _refiner_loop(m: _Models, task: Task, test: Sequence[Example], turns: int):
 
 
 def _report(config, out_dir: str, task: Task, test, pool, rows: dict, baselines: tuple[str, ...],
-            revisions: dict, settings: dict) -> dict:
+            revisions: dict, stable: dict, settings: dict) -> dict:
     j = config.joint
     first = np.array([task.outcome_label(ex, hs[0]) for ex, hs in zip(test, pool)])
     outcomes, extra = {}, {}
@@ -256,5 +285,14 @@ def _report(config, out_dir: str, task: Task, test, pool, rows: dict, baselines:
                "paired_deltas": [{"baseline": b, **table.more_deltas[b]} for b in baselines],
                "revisions": revisions, "problems": table.n_problems, "rate": table.rate, "settings": settings}
     atomic_files.write_json(os.path.join(out_dir, "results.json"), results, indent=2, default=float)
+
+    def name(label: str) -> str:
+        return stable.get(label, label)
+
+    atomic_files.write_json(os.path.join(out_dir, seed_pool.OUTCOMES_FILE), seed_pool.outcomes_record(
+        {name(label): o for label, o in outcomes.items()}, seed=config.seed, k=j.samples, rate=j.abstention,
+        trace_pairs=(), baseline=name(baselines[0]), labels={name(label): label for label in outcomes},
+        baselines={"paired_deltas_vs_" + re.sub(r"[^a-z0-9]+", "_", name(b).lower()).strip("_"): name(b)
+                   for b in baselines[1:]}))
     results_lib.write_joint_results(out_dir, task.name, table, extra, revisions)
     return results

@@ -323,14 +323,17 @@ def _revisions_table(revisions: Mapping[str, Mapping[str, int]]) -> list[str]:
         return []
     columns = [("revised", "revised"), ("critic_hint", "the critic had a hint"),
                ("critic_names_located_step", "the critic named the located step"),
+               ("critic_right_about_located", "… as the oracle does"),
                ("best_has_wrong_step", "the best sample had a wrong step"),
                ("located_first_error", "… located at its first wrong step"),
                ("prefix_all_right", "… forced prefix all right"), ("best_right", "best sample right"),
-               ("revision_right", "revision right"), ("kept", "revision kept"),
+               ("revision_right", "revision right"),
+               ("revision_right_best_wrong", "… where the best sample is wrong"), ("kept", "revision kept"),
                ("kept_right", "kept and right"), ("fixed", "fixed vs the best sample"),
                ("broken", "broken vs the best sample")]
-    rows = [[name, *(str(counts[key]) for key, _ in columns)] for name, counts in revisions.items()]
-    return ["\n## What the revisions did (problems revised)\n", *_table(["Row", *(title for _, title in columns)], rows)]
+    rows = [[name, *(str(counts.get(key, "–")) for key, _ in columns)] for name, counts in revisions.items()]
+    header = ["Row", *(title for _, title in columns)]
+    return ["\n## What the revisions did (problems revised)\n", *_table(header, rows)]
 
 
 # ----------------------------------------------------------------------------------------------- plots

@@ -1,5 +1,6 @@
-"""One table over several seeds of the reward job: each run's per-problem outcomes (`outcomes.json`, written by its
-evaluation) pooled rule by rule, with intervals that resample each seed's test problems within that seed.
+"""One table over several seeds of the reward job or the joint job: each run's per-problem outcomes (`outcomes.json`,
+written by its evaluation; the joint job's in `joint/`) pooled rule by rule, with intervals that resample each seed's
+test problems within that seed.
 
 A seed's own table answers "does this hold on these 1,000 problems"; the pooled one how the rules compare over
 several trained pipelines at once: more problems (seeds x test problems), so tighter intervals, and a different
@@ -31,15 +32,18 @@ FIRST_ERROR_FILE = os.path.join("eval", "first_error_predictions.json")
 
 
 def outcomes_record(outcomes: Mapping[str, rerank.Outcome], *, seed: int, k: int, rate: float,
-                    trace_pairs: Sequence[tuple[str, str]], baselines: Mapping[str, str] | None = None) -> dict:
+                    trace_pairs: Sequence[tuple[str, str]], baselines: Mapping[str, str] | None = None,
+                    baseline: str = "SFT greedy", labels: Mapping[str, str] | None = None) -> dict:
     """The per-problem results of every rule of one evaluation, as JSON (a confidence of -inf, "no answer", as
-    null), with its further baseline rules (`baselines`: results.json key -> rule, e.g. `majority_paired_deltas`),
-    which a pooled table differences from too."""
+    null), with the rule every other is differenced from (`baseline`) and its further baseline rules (`baselines`:
+    results.json key -> rule, e.g. `majority_paired_deltas`), which a pooled table differences from too. `labels`:
+    the run's own row label of a rule whose name here leaves out what varies between seeds (the joint job's "PRM
+    rerank, equal compute" is K = 17 on one seed and 18 on another)."""
     def confidence(values: np.ndarray) -> list:
         return [float(v) if math.isfinite(v) else None for v in np.asarray(values, float)]
 
     return {"seed": seed, "k": k, "rate": rate, "trace_pairs": [list(p) for p in trace_pairs],
-            "baselines": dict(baselines or {}),
+            "baseline": baseline, "baselines": dict(baselines or {}), "labels": dict(labels or {}),
             "rules": {name: {"correct": np.asarray(o.correct, bool).tolist(), "confidence": confidence(o.confidence),
                              "steps_correct": None if o.steps_correct is None
                              else np.asarray(o.steps_correct, bool).tolist()}
@@ -47,8 +51,10 @@ def outcomes_record(outcomes: Mapping[str, rerank.Outcome], *, seed: int, k: int
 
 
 def read_outcomes(workdir: str) -> dict:
-    """A reward run's `outcomes.json`, its rules as `rerank.Outcome`s."""
+    """A reward run's `outcomes.json` (a joint run's `joint/outcomes.json`), its rules as `rerank.Outcome`s."""
     path = os.path.join(workdir, OUTCOMES_FILE)
+    if not os.path.isfile(path) and os.path.isfile(os.path.join(workdir, "joint", OUTCOMES_FILE)):
+        path = os.path.join(workdir, "joint", OUTCOMES_FILE)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no per-problem outcomes; evaluate the run again with this version: delete "
                                 f"{workdir}/eval and {workdir}/results.json, then run its launch/train.py command "
@@ -60,7 +66,7 @@ def read_outcomes(workdir: str) -> dict:
         conf = np.array([-np.inf if v is None else v for v in r["confidence"]], float)
         steps = None if r["steps_correct"] is None else np.asarray(r["steps_correct"], bool)
         rules[name] = rerank.Outcome(np.asarray(r["correct"], bool), conf, steps)
-    return {**record, "rules": rules}
+    return {"baseline": "SFT greedy", **record, "rules": rules}
 
 
 def _read_seeds(workdirs: Sequence[str], read) -> tuple[list[dict], list[int]]:
@@ -76,18 +82,20 @@ def _read_seeds(workdirs: Sequence[str], read) -> tuple[list[dict], list[int]]:
 
 def pool_seeds(workdirs: Sequence[str], samples: int = 1000, alpha: float = 0.05) -> dict:
     """The rules every run has, each run's problems one stratum: `table` (as a run's results.json), the paired
-    final-answer Δ against "SFT greedy" (`paired_deltas`) and against each further baseline every run names (e.g.
+    final-answer Δ against the runs' baseline rule ("SFT greedy" for the reward job, "PRM rerank, equal compute" for
+    the joint job; `paired_deltas`) and against each further baseline every run names (e.g.
     `majority_paired_deltas`), the runs' trace-error pairs (`trace_error_delta`), the
     pooled first-error scores where every run saved its predictions (`pool_first_errors`) and the table in Markdown
     (`markdown`)."""
     runs, seeds = _read_seeds(workdirs, read_outcomes)
-    for key in ("k", "rate"):
+    for key in ("k", "rate", "baseline"):
         if len({r[key] for r in runs}) > 1:
-            raise ValueError(f"the runs differ in {key}: {[r[key] for r in runs]}")
+            raise ValueError(f"the runs differ in {key}: {[r[key] for r in runs]}; pool runs of one job")
+    first = runs[0]["baseline"]
     names = [n for n in runs[0]["rules"] if all(n in r["rules"] for r in runs)]
-    if "SFT greedy" not in names:
-        raise ValueError("every run needs its 'SFT greedy' rule, the baseline of the paired deltas")
-    names = ["SFT greedy"] + [n for n in names if n != "SFT greedy"]
+    if first not in names:
+        raise ValueError(f"every run needs its {first!r} rule, the baseline of the paired deltas")
+    names = [first] + [n for n in names if n != first]
     pooled = {}
     for name in names:
         parts = [r["rules"][name] for r in runs]
@@ -96,16 +104,23 @@ def pool_seeds(workdirs: Sequence[str], samples: int = 1000, alpha: float = 0.05
         pooled[name] = rerank.Outcome(np.concatenate([p.correct for p in parts]),
                                       np.concatenate([p.confidence for p in parts]), steps)
     pairs = [tuple(p) for p in runs[0]["trace_pairs"] if p[0] in pooled and p[1] in pooled]
-    strata = [len(r["rules"]["SFT greedy"].correct) for r in runs]
+    strata = [len(r["rules"][first].correct) for r in runs]
     more = {key: rule for key, rule in runs[0].get("baselines", {}).items()
-            if rule in pooled and rule != "SFT greedy" and all(r.get("baselines", {}).get(key) == rule for r in runs)}
+            if rule in pooled and rule != first and all(r.get("baselines", {}).get(key) == rule for r in runs)}
     table = rerank.results_table(pooled, rate=runs[0]["rate"], samples=samples, seed=min(seeds), alpha=alpha,
                                  more_baselines=tuple(more.values()), trace_pairs=pairs, strata=strata)
     text = (f"Seeds {seeds} pooled, K = {runs[0]['k']}: {table.n_problems} problems ({strata} per seed), each "
-            f"seed's problems resampled within it.\n\n" + results.markdown_table(table) + "\nΔ trace error "
-            "(points, paired): " + "; ".join(f"{pair} {results.format_ci(cell, signed=True)}"
-                                             for pair, cell in table.trace_deltas.items()) + ".\n")
+            f"seed's problems resampled within it.\n\n" + results.markdown_table(table))
+    if table.trace_deltas:
+        text += "\nΔ trace error (points, paired): " + "; ".join(
+            f"{pair} {results.format_ci(cell, signed=True)}" for pair, cell in table.trace_deltas.items()) + ".\n"
+    varying = {name: [r.get("labels", {}).get(name, name) for r in runs] for name in names}
+    varying = {name: seen for name, seen in varying.items() if any(label != name for label in seen)}
+    if varying:
+        text += "\nEach seed's own row labels: " + "; ".join(
+            f"{name}: {', '.join(seen)}" for name, seen in varying.items()) + ".\n"
     out = {"seeds": seeds, "workdirs": list(workdirs), "problems_per_seed": strata, "k": runs[0]["k"],
+           "labels_per_seed": varying,
            "table": table.rows, "paired_deltas": {"baseline": table.baseline, **table.deltas},
            **table.delta_blocks(more), "trace_error_delta": table.trace_deltas, "rate": table.rate,
            "problems": table.n_problems}

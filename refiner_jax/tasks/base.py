@@ -192,6 +192,15 @@ def is_no_hint(feedback: str) -> bool:
     return " ".join(feedback.split()).rstrip(".!").lower() == NO_HINT.lower()
 
 
+_WHOLE_SENTENCE = re.compile(r"[^.!?]*[.!?]")
+
+
+def sentences_about(feedback: str, step: int) -> str:
+    """The sentences of `feedback` that name step `#step` ("" when none does)."""
+    mark = re.compile(rf"#\s*{step}(?!\d)")
+    return " ".join(s.strip() for s in _WHOLE_SENTENCE.findall(feedback) if mark.search(s))
+
+
 def as_task_question(task: "Task | None", text: str) -> str:
     """A problem from outside the dataset (typed, or another system's) spelled like the task's own questions: lower
     case when the task lower-cases its data (MWP's `lowercase` option), as the models were trained on."""

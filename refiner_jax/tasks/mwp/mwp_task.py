@@ -157,10 +157,15 @@ class MWPTask:
         return text, self.oracle_feedback(example, text)
 
     @staticmethod
-    def location_feedback(step: int) -> str:
-        """Feedback that says only where the error is: every sentence about step `#step` (its operator and both
-        numbers), in the critic's own vocabulary, with no claim about which part is wrong."""
-        return " ".join(SENTENCES[kind].format(k=step) for kind in ("operator", "first_number", "second_number"))
+    def step_sentences(step: int) -> list[str]:
+        """Every error sentence the critic can say about step `#step`: its operator, its first and second number."""
+        return [SENTENCES[kind].format(k=step) for kind in ("operator", "first_number", "second_number")]
+
+    @classmethod
+    def location_feedback(cls, step: int) -> str:
+        """Feedback that says only where the error is: every sentence about step `#step`, in the critic's own
+        vocabulary, with no claim about which part is wrong."""
+        return " ".join(cls.step_sentences(step))
 
     # -- reward-model views
 
