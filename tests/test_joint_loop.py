@@ -135,6 +135,30 @@ def test_revision_replaces_the_sample_without_rerank():
     assert replaced.compute.passes.tolist() == kept.compute.passes.tolist()  # the same work, another choice
 
 
+def test_weighted_vote_over_samples_and_revision_by_hand():
+    """`vote`: every problem's answer is the PRM-weighted vote over its samples and its revision. Numbers 10, 2, 3:
+    GOLD answers 4, WRONG 16. Problem a (not revised): 4 weighs 0.9, 16 0.1. Problem b: the revision (GOLD, 0.85)
+    joins the sample GOLD (0.2) against WRONG (0.3): 4 wins with 1.05 of 1.35, and its highest-scoring candidate is
+    the revision, kept. When the revision answers something else (10 / 6) and scores 0.2, 16 wins with 0.3 of 0.7."""
+    out = _run(joint.Variant(vote=True), [])
+    assert out.chosen == [GOLD, GOLD] and out.kept.tolist() == [False, True]
+    np.testing.assert_allclose(out.confidence, [0.9 / 1.0, 1.05 / 1.35])
+    examples = [_example("a"), _example("b")]
+    steps = [[np.array([0.95, 0.9]), np.array([0.9, 0.1])], [np.array([0.8, 0.3]), np.array([0.2, 0.9])]]
+    other = joint.joint_refine(
+        examples, [[GOLD, WRONG], [WRONG, GOLD]], steps, task=mwp.MWPTask(), critic=_Critic(),
+        generate=lambda inputs, prefixes: [WRONG.replace("add", "divide")] * len(inputs),
+        score_steps=lambda prompts, solutions: [np.array([0.25, 0.2]) for _ in solutions],
+        count_tokens=lambda t: len(t.split()), location_feedback=lambda k: f"Look at #{k}.", gate=0.5,
+        step_threshold=0.4, variant=joint.Variant(vote=True))
+    assert other.chosen == [GOLD, WRONG] and other.kept.tolist() == [False, False]
+    np.testing.assert_allclose(other.confidence, [0.9, 0.3 / 0.7])
+    # Candidates without an answer carry no vote; a problem where none has one gets None.
+    chosen, confidence, index = joint.weighted_vote(mwp.MWPTask(), examples[:1], [["#0: add ( number0"]],
+                                                    [[np.array([0.9])]])
+    assert chosen == [None] and index.tolist() == [-1] and confidence[0] == -np.inf
+
+
 def test_helpers_by_hand():
     assert joint.locate(np.array([0.9, 0.2, 0.1]), 0.5) == 1
     assert joint.locate(np.array([0.9, 0.7]), 0.5) == 1  # none below: the lowest

@@ -39,7 +39,10 @@ def test_joint_run_on_tiny_runs(tmp_path):
     equal = next(label for label in labels if label.startswith("PRM rerank, equal compute"))
     loop_equal = next(label for label in labels if label.startswith("REFINER loop, equal compute"))
     gated = next(label for label in labels if "more samples below the gate" in label)
-    assert [b["baseline"] for b in out["paired_deltas"]] == [equal, gated, "REFINER loop (T=1)", loop_equal]
+    vote_equal = next(label for label in labels if label.startswith("PRM-weighted vote, equal compute"))
+    assert [b["baseline"] for b in out["paired_deltas"]] == [equal, gated, vote_equal, "REFINER loop (T=1)",
+                                                               loop_equal]
+    assert "PRM-weighted vote (K=2)" in labels and "locate + explain + revise + PRM-weighted vote (K=2)" in labels
     rows = out["table"]
     # Tokens: K samples cost twice one sample's; the joint rows spend at least the K samples' tokens.
     assert rows["PRM rerank (K=2)"]["tokens_per_problem"] > rows["first sample"]["tokens_per_problem"]

@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from refiner_jax.reward import rerank
 from refiner_jax.reward.batches import step_ends
 from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task, is_no_hint, refine_input, sentences_about
 
@@ -39,13 +40,15 @@ class Variant:
     where it would say "No hint" unprompted; without it only its unprompted feedback's sentences about the step),
     `gate` (only problems whose best score is below the gate), `rerank` (the revision is kept only when the verifier
     scores it above the best sample; without it the revision replaces the sample, so the verifier decides only which
-    problems to revise)."""
+    problems to revise), `vote` (instead, every problem's answer is the verifier-weighted vote over its K samples and
+    its revision: `weighted_vote`)."""
 
     locate: bool = True
     explain: bool = True
     ask: bool = True
     gate: bool = True
     rerank: bool = True
+    vote: bool = False
 
 
 @dataclasses.dataclass
@@ -99,6 +102,23 @@ def locate(steps: np.ndarray, step_threshold: float) -> int:
     if below.size:
         return int(below[0])
     return int(np.argmin(steps)) if len(steps) else 0
+
+
+def weighted_vote(task: Task, examples: Sequence[Example], candidates: Sequence[Sequence[str]],
+                  steps: Sequence[Sequence[np.ndarray]]) -> tuple[list[str | None], np.ndarray, np.ndarray]:
+    """Verifier-weighted voting (`reward.rerank.weighted_vote`) over each problem's candidates (any number each),
+    weighted by their `solution_score` (a probability; none for a solution without a scored step): the chosen
+    candidate (None when no candidate has an answer), its confidence (the winning answer's share of the weight) and
+    its index among the problem's candidates (-1 for none)."""
+    width = max(len(c) for c in candidates)
+    answers = [[task.answer_key(ex, c) for c in cs] + [None] * (width - len(cs))
+               for ex, cs in zip(examples, candidates)]
+    weights = np.zeros((len(candidates), width))
+    for i, ss in enumerate(steps):
+        weights[i, :len(ss)] = [max(solution_score(s), 0.0) for s in ss]
+    picked = rerank.weighted_vote(answers, weights)
+    chosen = [cs[j] if j >= 0 else None for cs, j in zip(candidates, picked.index.tolist())]
+    return chosen, picked.confidence, picked.index
 
 
 def prefix_before(task: Task, solution: str, step: int) -> str:
@@ -160,6 +180,13 @@ def joint_refine(examples: Sequence[Example], samples: Sequence[Sequence[str]],
     confidence, kept = top.copy(), np.zeros(n, bool)
     for i, steps in zip(revise, scores):
         compute.scored(i)
-        if not variant.rerank or solution_score(steps) > confidence[i]:
+        if not variant.vote and (not variant.rerank or solution_score(steps) > confidence[i]):
             chosen[i], confidence[i], kept[i] = revisions[i], solution_score(steps), True
+    if variant.vote:
+        revised_steps = dict(zip(revise, scores))
+        candidates = [list(samples[i]) + ([revisions[i]] if i in revised_steps else []) for i in range(n)]
+        steps = [list(sample_steps[i]) + ([revised_steps[i]] if i in revised_steps else []) for i in range(n)]
+        chosen, confidence, index = weighted_vote(task, examples, candidates, steps)
+        kept = np.array([i in revised_steps and index[i] == len(samples[i]) for i in range(n)])
+        chosen = [c if c is not None else best_samples[i] for i, c in enumerate(chosen)]
     return JointResult(chosen, confidence, best_samples, revisions, kept, located, critic_said, feedback, compute)

@@ -198,11 +198,19 @@ def evaluate(config, out_dir: str, refiner_dir: str, reward_dir: str) -> dict:
         return chosen, np.array(conf), sampled(count)
 
     rows[f"PRM rerank (K={k})"] = rerank_row(k)
+
+    def vote_row(count: int):
+        chosen, confidence, _ = joint.weighted_vote(task, test, [hs[:count] for hs in pool],
+                                                    [ss[:count] for ss in pool_steps])
+        return [c if c is not None else hs[0] for c, hs in zip(chosen, pool)], confidence, sampled(count)
+
+    rows[f"PRM-weighted vote (K={k})"] = vote_row(k)
     variants = {FULL: joint.Variant(), f"{FULL}, no gate": joint.Variant(gate=False),
                 "locate + explain (only where the critic speaks unasked) + revise + rerank": joint.Variant(ask=False),
                 "locate only (\"#k is wrong\") + revise + rerank": joint.Variant(explain=False),
                 "explain only (the critic's feedback) + revise + rerank": joint.Variant(locate=False),
                 "locate + explain + revise, the revision replaces the sample": joint.Variant(rerank=False),
+                "locate + explain + revise + PRM-weighted vote": joint.Variant(vote=True),
                 ORACLE: joint.Variant()}
     revisions = {}
     for label, variant in variants.items():
@@ -226,6 +234,8 @@ def evaluate(config, out_dir: str, refiner_dir: str, reward_dir: str) -> dict:
     extra = next((e for e in range(k + 1) if sampled(k + e * doubted).tokens.mean() >= full_tokens), k)
     gated = f"PRM rerank, {extra} more samples below the gate, equal compute"
     rows[gated] = rerank_row(k + extra * doubted)
+    vote_equal = f"PRM-weighted vote, equal compute (K={matched})"
+    rows[vote_equal] = vote_row(matched)
     refiner_label = f"REFINER loop (T={j.turns})"
     rows[refiner_label] = _refiner_loop(m, task, test, j.turns)
     # The loop at equal compute: the fewest of the 2K samples which, each taken through the loop, spend the full
@@ -237,8 +247,9 @@ def evaluate(config, out_dir: str, refiner_dir: str, reward_dir: str) -> dict:
     rows[loop_equal] = (*loop_baselines.vote(runs, test, task, starts), runs.compute(starts))
     # Names for pooling seeds: what varies between seeds (K, the samples added, the starts) left out.
     stable = {equal: "PRM rerank, equal compute", gated: "PRM rerank, more samples below the gate, equal compute",
-              loop_equal: "REFINER loop, equal compute"}
-    return _report(config, out_dir, task, test, pool, rows, (equal, gated, refiner_label, loop_equal), revisions,
+              vote_equal: "PRM-weighted vote, equal compute", loop_equal: "REFINER loop, equal compute"}
+    return _report(config, out_dir, task, test, pool, rows, (equal, gated, vote_equal, refiner_label, loop_equal),
+                   revisions,
                    stable, {"gate": gate, "step_threshold": step_threshold, "equal_compute_samples": matched,
                     "samples_added_below_gate": extra, "share_below_gate": float(doubted.mean()),
                     "refiner_loop_starts": starts})
