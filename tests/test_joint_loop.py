@@ -103,7 +103,7 @@ def test_the_critic_is_asked_about_the_located_step():
     kwargs = dict(task=mwp.MWPTask(), generate=generate, critic=critic,
                   score_steps=lambda prompts, solutions: [np.array([0.9, 0.85]) for _ in solutions],
                   count_tokens=lambda t: len(t.split()), location_feedback=lambda k: f"Look at #{k}.", gate=0.5,
-                  step_threshold=0.4, explain_cost=lambda example, solution, said: (0, 3))
+                  step_threshold=0.4, explain_cost=lambda example, solution, said, first: (0, 3))
     out = joint.joint_refine(examples, samples, steps, variant=joint.Variant(), **kwargs)
     assert critic.asked == [([WRONG], [1])] and critic.calls == []
     assert out.critic_said == ["", "The second number in #1 is incorrect."] and out.feedback == out.critic_said
@@ -133,6 +133,40 @@ def test_revision_replaces_the_sample_without_rerank():
     replaced = joint.joint_refine(examples, samples, steps, variant=joint.Variant(rerank=False), **kwargs)
     assert replaced.chosen == [GOLD, WRONG.replace("add", "divide")] and replaced.confidence.tolist() == [0.9, 0.2]
     assert replaced.compute.passes.tolist() == kept.compute.passes.tolist()  # the same work, another choice
+
+
+def test_later_rounds_revise_the_previous_revision_while_it_is_doubted():
+    """T = 2. Problem b's first revision (10 / 6, scored 0.25) is still below the gate 0.5, so round 2 locates its
+    step 1 and revises it (GOLD, 0.85); the rerank keeps the best of the sample and both revisions. Tokens = words:
+    two critic calls of 13 words (14 passes each), two revisions writing the 7 words after the 6-word prefix (8 passes
+    each), two scoring passes. Had the first revision passed the gate, there would be no second round."""
+    divided = WRONG.replace("add", "divide")
+    examples, samples = [_example("a"), _example("b")], [[GOLD, WRONG], [WRONG, GOLD]]
+    steps = [[np.array([0.95, 0.9]), np.array([0.9, 0.1])], [np.array([0.8, 0.3]), np.array([0.2, 0.9])]]
+    calls = []
+
+    def generate(inputs, prefixes):
+        calls.append((list(inputs), list(prefixes)))
+        return [GOLD if "divide" in x else divided for x in inputs]
+
+    def score(prompts, solutions, first=np.array([0.8, 0.25])):
+        return [np.array([0.9, 0.85]) if z == GOLD else first for z in solutions]
+
+    kwargs = dict(task=mwp.MWPTask(), generate=generate, critic=_Critic(), count_tokens=lambda t: len(t.split()),
+                  location_feedback=lambda k: f"Look at #{k}.", gate=0.5, step_threshold=0.4, turns=2)
+    out = joint.joint_refine(examples, samples, steps, score_steps=score, **kwargs)
+    assert [len(inputs) for inputs, _ in calls] == [1, 1]
+    assert calls[1] == ([f"problem b Previous Answer: {divided} Feedback: The operator in #1 is incorrect."],
+                        ["#0: multiply ( number1, number2 )"])
+    assert out.revisions == [None, GOLD] and out.chosen == [GOLD, GOLD] and out.kept.tolist() == [False, True]
+    assert out.compute.tokens.tolist() == [0, 2 * 13 + 2 * 7] and out.compute.passes.tolist() == [0, 2 * 14 + 2 * 8 + 2]
+    replaced = joint.joint_refine(examples, samples, steps, score_steps=score, variant=joint.Variant(rerank=False),
+                                  **kwargs)
+    assert replaced.chosen == [GOLD, GOLD] and replaced.confidence.tolist() == [0.9, 0.85]  # the last revision
+    calls.clear()
+    passed = joint.joint_refine(examples, samples, steps, **kwargs,
+                                score_steps=lambda prompts, solutions: score(prompts, solutions, np.array([0.8, 0.6])))
+    assert len(calls) == 1 and passed.revisions == [None, divided] and passed.chosen == [GOLD, divided]
 
 
 def test_weighted_vote_over_samples_and_revision_by_hand():

@@ -31,18 +31,18 @@ def test_joint_run_on_tiny_runs(tmp_path):
     c.task = task
     j = c.joint
     j.refiner_workdir, j.reward_workdir = refiner_dir, reward_dir
-    j.samples, j.turns, j.examples, j.val_problems, j.batch_size, j.bootstrap_samples = 2, 1, 12, 8, 16, 50
+    j.samples, j.turns, j.examples, j.val_problems, j.batch_size, j.bootstrap_samples = 2, 2, 12, 8, 16, 50
     out = joint_run.run(c, str(tmp_path / "joint"), stages=("joint",))
     labels = list(out["table"])
-    assert labels[:2] == ["first sample", "PRM rerank (K=2)"] and "REFINER loop (T=1)" in labels
+    assert labels[:2] == ["first sample", "PRM rerank (K=2)"] and "REFINER loop (T=2)" in labels
     assert any(label.startswith("locate + explain + revise + rerank") for label in labels)
     equal = next(label for label in labels if label.startswith("PRM rerank, equal compute"))
     loop_equal = next(label for label in labels if label.startswith("REFINER loop, equal compute"))
     gated = next(label for label in labels if "more samples below the gate" in label)
     vote_equal = next(label for label in labels if label.startswith("PRM-weighted vote, equal compute"))
-    assert [b["baseline"] for b in out["paired_deltas"]] == [equal, gated, vote_equal, "REFINER loop (T=1)",
+    assert [b["baseline"] for b in out["paired_deltas"]] == [equal, gated, vote_equal, "REFINER loop (T=2)",
                                                                loop_equal]
-    assert "PRM-weighted vote (K=2)" in labels and "locate + explain + revise + PRM-weighted vote (K=2)" in labels
+    assert "PRM-weighted vote (K=2)" in labels and "locate + explain + revise + PRM-weighted vote (K=2, T=2)" in labels
     rows = out["table"]
     # Tokens: K samples cost twice one sample's; the joint rows spend at least the K samples' tokens.
     assert rows["PRM rerank (K=2)"]["tokens_per_problem"] > rows["first sample"]["tokens_per_problem"]
@@ -75,13 +75,13 @@ def test_joint_run_on_tiny_runs(tmp_path):
         assert c["fixed"] <= c["kept_right"] and c["broken"] <= c["kept"] - c["kept_right"]
         assert c["fixed"] <= c["revision_right_best_wrong"] <= min(c["revision_right"], c["revised"] - c["best_right"])
         assert c["best_right"] - c["broken"] + c["fixed"] <= c["revised"]
-    assert saved["revisions"]["locate only (\"#k is wrong\") + revise + rerank (K=2)"]["critic_hint"] == 0
+    assert saved["revisions"]["locate only (\"#k is wrong\") + revise + rerank (K=2, T=2)"]["critic_hint"] == 0
     # The per-problem outcomes for pooling seeds name the rows without what varies between seeds.
     record = seed_pool.read_outcomes(str(tmp_path / "joint"))
     assert record["baseline"] == "PRM rerank, equal compute" and record["labels"]["PRM rerank, equal compute"] == equal
     assert set(record["rules"]) == set(record["labels"]) and len(record["rules"]) == len(rows)
     assert all(len(o.correct) == 12 for o in record["rules"].values())
-    oracle = saved["revisions"]["locate + the oracle's explanation (a bound) + revise + rerank (K=2)"]
+    oracle = saved["revisions"]["locate + the oracle's explanation (a bound) + revise + rerank (K=2, T=2)"]
     assert oracle["critic_right_about_located"] == oracle["critic_names_located_step"]  # the oracle is the oracle
 
 

@@ -6,8 +6,9 @@ from there, and the verifier reranks originals and revisions.
     locate:   the first step of the best sample scored below `step_threshold` (its lowest step if none is)
     explain:  the critic asked about the located step `#k` (`critic.explain`); a critic without `explain`: its
               feedback's sentences about `#k`, when it has some
-    revise:   the generator rewrites from the problem, the sample and the feedback, the steps before `#k` forced
-    rerank:   the best of the K samples and the revision by the verifier
+    revise:   the generator rewrites from the problem, the sample and the feedback, the steps before `#k` forced;
+              for T rounds, each on the previous revision while the verifier still doubts it
+    rerank:   the best of the K samples and the revisions by the verifier (or their verifier-weighted vote)
 
 `Variant` switches each part off for the ablations (location only: the feedback is `location_feedback(k)`;
 explanation only: the critic's whole feedback and no forced prefix; unasked: only what the critic's own feedback says
@@ -31,6 +32,8 @@ StepScorer = Callable[[list[str], list[str]], list[np.ndarray]]
 # (generator inputs, forced target prefixes) -> one greedy output each, prefix included
 Generate = Callable[[list[str], list[str]], list[str]]
 CountTokens = Callable[[str], int]
+# (example, solution judged, feedback written, first call on this problem) -> (tokens, forward passes)
+CriticCost = Callable[[Example, str, str, bool], tuple[int, int]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,18 +80,20 @@ class Compute:
 @dataclasses.dataclass
 class JointResult:
     """Per problem: the chosen solution, its verifier score (the confidence), the verifier's best sample (what a
-    revision competes with), the revision (None when the gate kept the sample) and whether it became the answer, the
-    located step, the critic's own words ("" when it was not asked) and the feedback used; and the compute spent."""
+    revision competes with), the last revision (None when the gate kept the sample) and whether a revision became the
+    answer, the step located, the critic's own words ("" when it was not asked) and the feedback used in the first
+    round; and the compute spent."""
 
     chosen: list[str]
     confidence: np.ndarray
     best: list[str]
     revisions: list[str | None]
-    kept: np.ndarray  # [n] bool: the revision became the answer
+    kept: np.ndarray  # [n] bool: a revision became the answer
     located: list[int]
     critic_said: list[str]
     feedback: list[str]
     compute: Compute
+    rounds: list[list[str]] = dataclasses.field(default_factory=list)  # [n][rounds taken] every revision written
 
 
 def solution_score(steps: np.ndarray) -> float:
@@ -133,60 +138,73 @@ def joint_refine(examples: Sequence[Example], samples: Sequence[Sequence[str]],
                  sample_steps: Sequence[Sequence[np.ndarray]], *, task: Task, generate: Generate, critic,
                  score_steps: StepScorer, count_tokens: CountTokens,
                  location_feedback: Callable[[int], str], gate: float, step_threshold: float,
-                 variant: Variant = Variant(), template: str = DEFAULT_REFINE_TEMPLATE,
-                 critic_cost: Callable[[Example, str, str], tuple[int, int]] | None = None,
-                 explain_cost: Callable[[Example, str, str], tuple[int, int]] | None = None) -> JointResult:
-    """One locate / explain / revise / rerank round on every problem (batched: one critic call, one generator call
-    and one scorer call for all the revised problems). `samples[i]` are problem i's K samples and
-    `sample_steps[i][j]` the verifier's step scores of sample j (already computed and counted by the caller).
-    `critic_cost(example, solution, feedback)` -> (tokens, passes) the critic spent (default: it wrote the
-    feedback); `explain_cost` the same for `critic.explain` (default: `critic_cost`)."""
+                 variant: Variant = Variant(), template: str = DEFAULT_REFINE_TEMPLATE, turns: int = 1,
+                 critic_cost: CriticCost | None = None, explain_cost: CriticCost | None = None) -> JointResult:
+    """`turns` locate / explain / revise rounds on every problem, then the rerank (each round batched: one critic
+    call, one generator call and one scorer call for all the problems it revises). Round t revises round t-1's
+    revision (the first, the verifier's best sample) while its score stays below the gate (every round without the
+    gate) and the feedback is not "No hint". `samples[i]` are problem i's K samples and `sample_steps[i][j]` the
+    verifier's step scores of sample j (already computed and counted by the caller). `critic_cost(example, solution,
+    feedback, first)` -> (tokens, passes) the critic spent, `first` on its first call on the problem (default: it
+    wrote the feedback); `explain_cost` the same for `critic.explain` (default: `critic_cost`)."""
     if critic_cost is None:
-        def critic_cost(example, solution, text):
+        def critic_cost(example, solution, text, first):
             return count_tokens(text), count_tokens(text) + 1
     explain_cost = explain_cost or critic_cost
     n = len(examples)
     compute = Compute.zeros(n)
     best = [int(np.argmax([solution_score(s) for s in steps])) for steps in sample_steps]
     top = np.array([solution_score(steps[b]) for steps, b in zip(sample_steps, best)])
-    chosen = [samples[i][b] for i, b in enumerate(best)]
-    best_samples = list(chosen)
-    revise = [i for i in range(n) if not variant.gate or top[i] < gate]
-    located = [locate(sample_steps[i][best[i]], step_threshold) for i in range(n)]
+    best_samples = [samples[i][b] for i, b in enumerate(best)]
+    current = list(best_samples)  # what each problem's next round revises, and its step scores
+    current_steps = [sample_steps[i][b] for i, b in enumerate(best)]
+    located = [locate(steps, step_threshold) for steps in current_steps]
     feedback, critic_said = [""] * n, [""] * n
-    if revise and variant.explain:
-        asked, solutions = [examples[i] for i in revise], [chosen[i] for i in revise]
-        if variant.locate and variant.ask and hasattr(critic, "explain"):
-            said, cost = critic.explain(asked, solutions, [located[i] for i in revise]), explain_cost
+    tried: list[list[tuple[str, np.ndarray]]] = [[] for _ in range(n)]  # every revision and its step scores
+    asked: set[int] = set()
+    active = [i for i in range(n) if not variant.gate or top[i] < gate]
+    ask = variant.locate and variant.ask and hasattr(critic, "explain")
+    for turn in range(turns):
+        where = {i: locate(current_steps[i], step_threshold) for i in active}
+        said: dict[int, str] = {}
+        if active and variant.explain:
+            solutions = [current[i] for i in active]
+            answers = (critic.explain([examples[i] for i in active], solutions, [where[i] for i in active]) if ask
+                       else critic.feedback([examples[i] for i in active], solutions))
+            for i, f in zip(active, answers):
+                compute.add(i, *(explain_cost if ask else critic_cost)(examples[i], current[i], f, i not in asked))
+                asked.add(i)
+                about = sentences_about(f, where[i]) if variant.locate else f
+                said[i] = about or (location_feedback(where[i]) if variant.locate else f)
+                critic_said[i] = f if turn == 0 else critic_said[i]
         else:
-            said, cost = critic.feedback(asked, solutions), critic_cost
-        for i, f in zip(revise, said):
-            compute.add(i, *cost(examples[i], chosen[i], f))
-            critic_said[i] = f
-            about = sentences_about(f, located[i]) if variant.locate else f
-            feedback[i] = about or (location_feedback(located[i]) if variant.locate else f)
-    else:
-        for i in revise:
-            feedback[i] = location_feedback(located[i])
-    revise = [i for i in revise if not is_no_hint(feedback[i])]
-    prefixes = [prefix_before(task, chosen[i], located[i]) if variant.locate else "" for i in revise]
-    revised = generate([refine_input(examples[i].x, chosen[i], feedback[i], template) for i in revise],
-                       prefixes) if revise else []
-    revisions: list[str | None] = [None] * n
-    for i, p, z in zip(revise, prefixes, revised):
-        revisions[i] = z
-        compute.generated(i, max(count_tokens(z) - count_tokens(p), 0))
-    scores = score_steps([examples[i].x for i in revise], list(revised)) if revise else []
-    confidence, kept = top.copy(), np.zeros(n, bool)
-    for i, steps in zip(revise, scores):
-        compute.scored(i)
-        if not variant.vote and (not variant.rerank or solution_score(steps) > confidence[i]):
-            chosen[i], confidence[i], kept[i] = revisions[i], solution_score(steps), True
+            said = {i: location_feedback(where[i]) for i in active}
+        if turn == 0:
+            for i in active:
+                feedback[i] = said[i]
+        active = [i for i in active if not is_no_hint(said[i])]
+        prefixes = [prefix_before(task, current[i], where[i]) if variant.locate else "" for i in active]
+        revised = generate([refine_input(examples[i].x, current[i], said[i], template) for i in active],
+                           prefixes) if active else []
+        scores = score_steps([examples[i].x for i in active], list(revised)) if active else []
+        for i, p, z, steps in zip(active, prefixes, revised, scores):
+            compute.generated(i, max(count_tokens(z) - count_tokens(p), 0))
+            compute.scored(i)
+            tried[i].append((z, steps))
+            current[i], current_steps[i] = z, steps
+        active = [i for i in active if not variant.gate or solution_score(current_steps[i]) < gate]
+    revisions = [t[-1][0] if t else None for t in tried]
+    chosen, confidence, kept = list(best_samples), top.copy(), np.zeros(n, bool)
     if variant.vote:
-        revised_steps = dict(zip(revise, scores))
-        candidates = [list(samples[i]) + ([revisions[i]] if i in revised_steps else []) for i in range(n)]
-        steps = [list(sample_steps[i]) + ([revised_steps[i]] if i in revised_steps else []) for i in range(n)]
-        chosen, confidence, index = weighted_vote(task, examples, candidates, steps)
-        kept = np.array([i in revised_steps and index[i] == len(samples[i]) for i in range(n)])
-        chosen = [c if c is not None else best_samples[i] for i, c in enumerate(chosen)]
-    return JointResult(chosen, confidence, best_samples, revisions, kept, located, critic_said, feedback, compute)
+        candidates = [list(samples[i]) + [z for z, _ in tried[i]] for i in range(n)]
+        steps = [list(sample_steps[i]) + [st for _, st in tried[i]] for i in range(n)]
+        voted, confidence, index = weighted_vote(task, examples, candidates, steps)
+        kept = np.array([index[i] >= len(samples[i]) for i in range(n)])
+        chosen = [c if c is not None else best_samples[i] for i, c in enumerate(voted)]
+    else:
+        for i, t in enumerate(tried):
+            for z, steps in (t[-1:] if not variant.rerank else t):
+                if not variant.rerank or solution_score(steps) > confidence[i]:
+                    chosen[i], confidence[i], kept[i] = z, solution_score(steps), True
+    return JointResult(chosen, confidence, best_samples, revisions, kept, located, critic_said, feedback, compute,
+                       [[z for z, _ in t] for t in tried])

@@ -12,18 +12,15 @@ solves the problem itself pays for its own answer once per problem, as it decode
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from refiner_jax.joint.locate_explain_revise import Compute, CountTokens
+from refiner_jax.joint.locate_explain_revise import Compute, CountTokens, CriticCost
 from refiner_jax.refiner import feedback_loop
 from refiner_jax.refiner.feedback_loop import Trajectory
 from refiner_jax.reward import rerank
 from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task
-
-# (example, hypothesis judged, feedback written, first call on this problem) -> (tokens, forward passes)
-CriticCost = Callable[[Example, str, str, bool], tuple[int, int]]
 
 
 @dataclasses.dataclass

@@ -5,9 +5,9 @@ For the problems it revised: how often the critic had a hint at all and a senten
 often that sentence was the oracle's (the task's check against the gold) about the same step; how often the
 verifier's best sample (what the revision competes with) had a wrong step, the located step was that first wrong
 step, and the forced prefix (the steps before the located one) held only right steps, so that a revision could still
-reach the right derivation; how often the revision's answer was right, and right where the best sample's was wrong
-(what a perfect judge between the two could fix), how often the verifier kept it, and what keeping it fixed and broke
-against the best sample.
+reach the right derivation; how often a revision's answer was right (any round's), and right where the best
+sample's was wrong (what a perfect judge among them could fix), how often the verifier kept a revision, and what
+keeping it fixed and broke against the best sample. The location and the critic's words are the first round's.
 """
 from __future__ import annotations
 
@@ -32,9 +32,10 @@ def revision_stats(examples: Sequence[Example], result: JointResult, task: Task)
         if revision is None:
             continue
         best, located, said = result.best[i], result.located[i], result.critic_said[i]
-        best_right, revision_right = task.outcome_label(ex, best), task.outcome_label(ex, revision)
+        best_right = task.outcome_label(ex, best)
+        revision_right = any(task.outcome_label(ex, z) for z in (result.rounds[i] if result.rounds else [revision]))
         kept = bool(result.kept[i])
-        chosen_right = revision_right if kept else best_right
+        chosen_right = task.outcome_label(ex, result.chosen[i]) if kept else best_right
         first_wrong = gold_first_error(task.step_labels(ex, best), best_right)
         counts["revised"] += 1
         counts["critic_hint"] += bool(said) and not is_no_hint(said)
@@ -49,7 +50,7 @@ def revision_stats(examples: Sequence[Example], result: JointResult, task: Task)
         counts["revision_right"] += revision_right
         counts["revision_right_best_wrong"] += revision_right and not best_right
         counts["kept"] += kept
-        counts["kept_right"] += kept and revision_right
+        counts["kept_right"] += kept and chosen_right
         counts["fixed"] += chosen_right and not best_right
         counts["broken"] += best_right and not chosen_right
     return counts

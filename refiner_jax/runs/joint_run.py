@@ -125,11 +125,11 @@ class _Models:
             return own, (own + 1 + self.critic.samples if first else 0) + 1
         return self.tokens(feedback), self.tokens(feedback) + 1
 
-    def explain_cost(self, example: Example, solution: str, said: str) -> tuple[int, int]:
+    def explain_cost(self, example: Example, solution: str, said: str, first: bool = True) -> tuple[int, int]:
         """(tokens, passes) of asking the critic about one step: a solving critic's check costs what its feedback
         does; the paper's critic scores each of the task's sentences about the step and writes nothing."""
         if isinstance(self.critic, SolverCritic) or not hasattr(self.task, "step_sentences"):
-            return self.critic_cost(example, solution, said)
+            return self.critic_cost(example, solution, said, first)
         return 0, len(self.task.step_sentences(0))
 
     def generate(self, inputs: list[str], prefixes: list[str]) -> list[str]:
@@ -220,12 +220,13 @@ def evaluate(config, out_dir: str, refiner_dir: str, reward_dir: str) -> dict:
         out = joint.joint_refine(test, [hs[:k] for hs in pool], [ss[:k] for ss in pool_steps], task=task,
                                  generate=m.generate, score_steps=m.prm.step_scores, count_tokens=m.tokens,
                                  location_feedback=_location_feedback(task), gate=gate,
-                                 step_threshold=step_threshold, variant=variant, template=m.template, **asked)
+                                 step_threshold=step_threshold, variant=variant, template=m.template,
+                                 turns=j.turns, **asked)
         spent = sampled(k)
-        revisions[f"{label} (K={k})"] = revision_stats(test, out, task)
-        rows[f"{label} (K={k})"] = (out.chosen, out.confidence,
+        revisions[f"{label} (K={k}, T={j.turns})"] = revision_stats(test, out, task)
+        rows[f"{label} (K={k}, T={j.turns})"] = (out.chosen, out.confidence,
                                     joint.Compute(spent.tokens + out.compute.tokens, spent.passes + out.compute.passes))
-    full_tokens = rows[f"{FULL} (K={k})"][2].tokens.mean()
+    full_tokens = rows[f"{FULL} (K={k}, T={j.turns})"][2].tokens.mean()
     matched = int(min(2 * k, max(k, math.ceil(full_tokens / sample_tokens[:, :k].mean()))))
     equal = f"PRM rerank, equal compute (K={matched})"
     rows[equal] = rerank_row(matched)
@@ -255,7 +256,7 @@ def evaluate(config, out_dir: str, refiner_dir: str, reward_dir: str) -> dict:
                     "refiner_loop_starts": starts})
 
 
-def _free(example: Example, solution: str, said: str) -> tuple[int, int]:
+def _free(example: Example, solution: str, said: str, first: bool) -> tuple[int, int]:
     return 0, 0
 
 

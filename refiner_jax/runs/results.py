@@ -327,7 +327,7 @@ def _revisions_table(revisions: Mapping[str, Mapping[str, int]]) -> list[str]:
                ("best_has_wrong_step", "the best sample had a wrong step"),
                ("located_first_error", "… located at its first wrong step"),
                ("prefix_all_right", "… forced prefix all right"), ("best_right", "best sample right"),
-               ("revision_right", "revision right"),
+               ("revision_right", "a revision right"),
                ("revision_right_best_wrong", "… where the best sample is wrong"), ("kept", "revision kept"),
                ("kept_right", "kept and right"), ("fixed", "fixed vs the best sample"),
                ("broken", "broken vs the best sample")]
