@@ -37,8 +37,9 @@ def get_config(arg: str | None = None):
     # (`--config.refiner_run.seed=S`); `+ 0` makes each a derived reference, so setting a run's seed leaves the job's.
     c.refiner_run.seed = c.get_ref("seed") + 0
     c.reward_run.seed = c.get_ref("seed") + 0
-    # samples: K per test problem from the REFINER generator (temperature, top_p); turns: the REFINER loop's; the gate
-    # and the step threshold come from `val_problems` validation problems; tables over `examples` test problems.
+    # samples: K per test problem from the REFINER generator (temperature, top_p); turns: the REFINER loop's and the
+    # joint system's revision rounds; the gate and the step threshold come from `val_problems` validation problems;
+    # tables over `examples` test problems.
     c.joint = ml_collections.ConfigDict({
         "refiner_workdir": "", "reward_workdir": "", "samples": 16, "temperature": 0.7, "top_p": 1.0, "turns": 3,
         "examples": 1000, "val_problems": 300, "batch_size": 128, "bootstrap_samples": 1000, "abstention": 0.3})

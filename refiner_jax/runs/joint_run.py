@@ -54,7 +54,7 @@ def _need(ok: bool, field: str, message: str) -> None:
 def validate(config: ml_collections.ConfigDict) -> None:
     j = config.joint
     _need(j.samples >= 1, "samples", "must be >= 1 (K samples per problem)")
-    _need(j.turns >= 1, "turns", "must be >= 1 (REFINER loop turns)")
+    _need(j.turns >= 1, "turns", "must be >= 1 (the REFINER loop's turns and the joint revision rounds)")
     _need(j.temperature > 0, "temperature", "must be > 0 (the K samples must differ)")
     _need(0 < j.top_p <= 1, "top_p", "must be in (0, 1]")
     for field in ("refiner_workdir", "reward_workdir"):
