@@ -93,7 +93,7 @@ class JointResult:
     critic_said: list[str]
     feedback: list[str]
     compute: Compute
-    rounds: list[list[str]] = dataclasses.field(default_factory=list)  # [n][rounds taken] every revision written
+    rounds: list[list[str]]  # [n][rounds taken] every revision written
 
 
 def solution_score(steps: np.ndarray) -> float:
@@ -176,7 +176,8 @@ def joint_refine(examples: Sequence[Example], samples: Sequence[Sequence[str]],
                 asked.add(i)
                 about = sentences_about(f, where[i]) if variant.locate else f
                 said[i] = about or (location_feedback(where[i]) if variant.locate else f)
-                critic_said[i] = f if turn == 0 else critic_said[i]
+                if turn == 0:
+                    critic_said[i] = f
         else:
             said = {i: location_feedback(where[i]) for i in active}
         if turn == 0:

@@ -33,7 +33,7 @@ def revision_stats(examples: Sequence[Example], result: JointResult, task: Task)
             continue
         best, located, said = result.best[i], result.located[i], result.critic_said[i]
         best_right = task.outcome_label(ex, best)
-        revision_right = any(task.outcome_label(ex, z) for z in (result.rounds[i] if result.rounds else [revision]))
+        revision_right = any(task.outcome_label(ex, z) for z in result.rounds[i])
         kept = bool(result.kept[i])
         chosen_right = task.outcome_label(ex, result.chosen[i]) if kept else best_right
         first_wrong = gold_first_error(task.step_labels(ex, best), best_right)

@@ -210,10 +210,12 @@ def annotate(records: Sequence[dict], critic: critics.Critic, task: Task, fmt: P
                          "must answer every hypothesis it is given, in order")
     located, scores = (locate([r["question"] for r in records], [r["hypothesis"] for r in records])
                        if locate is not None and records else (None, None))
-    asked = [i for i in range(len(records)) if located is not None and located[i] >= 0]
-    explained = dict(zip(asked, critic.explain([examples[i] for i in asked], [records[i]["hypothesis"] for i in asked],
-                                               [int(located[i]) for i in asked])
-                         if asked and hasattr(critic, "explain") else []))
+    explained: dict[int, str] = {}
+    asked = [] if located is None else [i for i, k in enumerate(located) if k >= 0]
+    if asked and hasattr(critic, "explain"):
+        said = critic.explain([examples[i] for i in asked], [records[i]["hypothesis"] for i in asked],
+                              [int(located[i]) for i in asked])
+        explained = dict(zip(asked, said))
     out = []
     for i, (r, f) in enumerate(zip(records, feedback)):
         record = {k: v for k, v in r.items() if k != "_line"}
