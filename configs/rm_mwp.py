@@ -37,7 +37,10 @@ def get_config(arg: str | None = None):
     if variant == "trace":
         # "unit" (x 1 and / 1 agree) is left out: the policy almost never confuses multiply and divide, so it adds
         # no trace errors (docs/reward_models.md).
-        config.task.options = {"trace_rate": 1.0, "trace_kinds": ("distractor", "intermediate", "two_two")}
+        # `--config.task.options.synthetic_sizes.test=N --config.eval.examples=N` evaluates on N test problems; the
+        # first 1,000 and everything trained stay the same (docs/reward_models.md).
+        config.task.options = {"trace_rate": 1.0, "trace_kinds": ("distractor", "intermediate", "two_two"),
+                               "synthetic_sizes": {"test": 1000}}
         config.reward.labels = "rollouts"  # a second PRM on Math-Shepherd rollout labels, beside the checker's
         # Expert iteration on the samples with the right answer that the PRM also passes, beside the answer alone: on
         # this variant the answer check keeps right answers reached through wrong steps.

@@ -94,6 +94,20 @@ def test_variant_keeps_texts_and_equations_and_rewrites_a_nested_share():
     assert 0.3 < sum(bool(e.meta.get("coincidence")) for e in half) / rewritten < 0.7
 
 
+def test_a_larger_test_split_keeps_the_first_problems_and_the_training_data():
+    options = {"trace_rate": 1.0, "trace_kinds": ("distractor", "intermediate", "two_two")}
+    base = MWPTask(**options)
+    more = MWPTask(**options, synthetic_sizes={"test": 1300})
+    assert len(more.load("test")) == 1300
+
+    def rows(examples):
+        return [(e.uid, e.x, e.z, e.meta["numbers"], e.meta.get("coincidence")) for e in examples]
+
+    assert rows(more.load("test")[:1000]) == rows(base.load("test"))
+    for split in ("train", "val"):
+        assert rows(more.load(split)) == rows(base.load(split))
+
+
 @pytest.mark.parametrize("options, message", [({"trace_rate": 1.5}, "trace_rate"),
                                               ({"trace_kinds": ("sevens",)}, "trace_kinds")])
 def test_bad_options_name_the_field(options, message):
