@@ -4,6 +4,8 @@
   python launch/bench.py train --preset tiny|t5-small|gpt2-tiny|llama-mini|gpt2-small|qwen2.5-0.5b
       [--batch 32 --input-len 128 --target-len 64 --fill 0.5 --rows padded|packed]
   python launch/bench.py profile --preset gpt2-small [--batch 32]   (no transformers: launch/decode_profile.py)
+  python launch/bench.py stage --workdir RUN [--stage refiner]   (a REFINER run's update, part by part:
+      launch/stage_timing.py)
 
 The accelerator benchmark (bf16, remat, fsdp, MFU) is `launch/bench_accel.py`.
 
@@ -36,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from launch import bench_support as support  # noqa: E402 (standard library only at import)
 from launch import decode_profile  # noqa: E402 (likewise)
+from launch import stage_timing  # noqa: E402 (likewise)
 from refiner_jax import cpu  # noqa: E402 (standard library only: JAX has not started)
 
 # bench name -> (family, model preset): T5 (`t5_sampling.sample_t5`) or decoder-only (`sample_decoder`, GPT-2 shapes).
@@ -311,6 +314,7 @@ def main(argv=None) -> None:
     _add_sample_parser(subparsers)
     _add_train_parser(subparsers)
     decode_profile.add_parser(subparsers)
+    stage_timing.add_parser(subparsers)
     args = parser.parse_args(argv)
     print(json.dumps(args.func(args), indent=2))
 

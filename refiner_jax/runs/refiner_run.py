@@ -13,7 +13,9 @@ import random
 import time
 from typing import Any
 
+import jax
 import ml_collections
+import numpy as np
 
 from refiner_jax import atomic_files
 from refiner_jax import checkpoint as ckpt_lib
@@ -26,7 +28,7 @@ from refiner_jax.runs import run_config as config_lib
 from refiner_jax.runs.run_setup import Setup, setup
 from refiner_jax.tasks.base import Example
 from refiner_jax.text_model import RunInfo, TextModel
-from refiner_jax.training.loop import StageSpec, stage_done, train_stage
+from refiner_jax.training.loop import StageSpec, stage_done, time_steps, train_stage
 
 STAGES = ("warmup", "critic", "refiner", "matched", "eval")
 
@@ -46,6 +48,30 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
         job.calibrate_critic()
     job.evaluate()
     return job.finish()
+
+
+def time_stage(workdir: str, name: str = "refiner", steps: int = 20, warm: int = 3, ahead: int = 4) -> dict:
+    """Where an update of stage `name` of the run in `workdir` goes (`training.loop.time_steps`), from the
+    parameters that stage starts from (the REFINER loop: the warm-up's export, so the warm-up must be done). For the
+    REFINER loop also the sampler alone, one turn's draw on the stage's batch of problems and on `ahead` times as
+    many in one call: decoding later batches' turns ahead pays only where the second costs less per problem. The
+    run's stages, checkpoints and results are untouched."""
+    config = config_lib.load(workdir)
+    _check_warmup_first(config, workdir, (name,))
+    job = _Job(config, workdir, (name,), setup(config, workdir, (name,), STAGES, ("critic", "warmup", "refiner"),
+                                               held_out=config.critic.calibration_examples))
+    try:
+        spec, init = {"warmup": (job.warmup_spec, job.pretrained), "critic": (job.critic_spec, job.pretrained),
+                      "refiner": (job.refiner_spec, job.warmed_up_params),
+                      "matched": (job.matched_spec, job.pretrained)}[name]
+        common = {k: job.s.common[k] for k in ("model_config", "tokenizer", "mesh", "seed", "rules", "pack")}
+        out = {"stage": name, **time_steps(spec(), steps, init_params=init(), warm=warm, **common)}
+        if name == "refiner":
+            out["sampler"] = [job.time_turn_draw(problems, steps)
+                              for problems in (config.refiner.batch_size, config.refiner.batch_size * ahead)]
+    finally:
+        job.s.close()
+    return out
 
 
 def _check_warmup_first(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]) -> None:
@@ -146,6 +172,24 @@ class _Job:
                                                   config.seed),
                          self.generator_eval(self.val[:config.refiner.eval_examples]), self.task.primary_metric,
                          lengths.refine_input, lengths.target)
+
+    def time_turn_draw(self, problems: int, repeats: int) -> dict[str, float]:
+        """Median seconds of one REFINER turn's draw (`refiner.samples` nucleus samples of each of `problems`
+        training problems, as `stage_data.refiner_pairs` draws them) from the warmed-up generator, after two
+        untimed calls."""
+        r, s, lengths = self.config.refiner, self.s, self.lengths
+        model = TextModel(s.model_config, self.warmed_up_params(), s.tokenizer, lengths.refine_input, lengths.target,
+                          bucket=lengths.refine_input, batch_size=problems, mesh=s.mesh)
+        inputs = [ex.x for ex in self.train_set[:problems]]
+        seconds = []
+        for call in range(2 + repeats):
+            start = time.perf_counter()
+            model.generate(inputs, num_samples=r.samples, top_p=r.top_p, temperature=r.temperature,
+                           rng=jax.random.key(call))
+            seconds.append(time.perf_counter() - start)
+        median = float(np.median(seconds[2:]))
+        return {"problems": problems, "rows": problems * r.samples, "seconds": median,
+                "ms_per_problem": 1000 * median / problems}
 
     def matched_spec(self) -> StageSpec:
         """The matched generator: the warm-up's recipe on all the training problems, for as many updates as

@@ -108,6 +108,51 @@ def stage_done(workdir: str, name: str) -> dict | None:
         return json.load(f)
 
 
+class _Program:
+    """A stage's model, optimizer, initial train state, data order and jitted train step, as `train_stage` builds
+    them (and `time_steps`, to time the same updates)."""
+
+    def __init__(self, spec: StageSpec, model_config: T5Config | DecoderConfig, tokenizer: Tokenizer, mesh,
+                 seed: int, init_params: Any, rules: shd.Rules, pack: bool):
+        stage = spec.stage
+        self.spec, self.tokenizer, self.mesh, self.rules = spec, tokenizer, mesh, rules
+        self.lm = LanguageModel(model_config)
+        model = spec.model or self.lm.module()
+        opt_config = dict(stage.optimizer)
+        opt_config["total_steps"] = max(1, stage.steps)
+        self.tx, schedule = make_optimizer(opt_config)
+        init_args = spec.init_args or self.lm.init_args()
+
+        def init_fn(key):
+            return model.init(key, *init_args)["params"]
+
+        self.init_fn = init_fn
+        if init_params is None:
+            self.state, shardings = create_train_state(init_fn, self.tx, mesh, rules, seed=seed)
+        else:
+            self.state, shardings = train_state_from_params(init_params, init_fn, self.tx, mesh, rules, seed=seed)
+        loss = spec.loss(model) if spec.loss else pair_loss(self.lm, model)
+        self.train_step = make_train_step(loss, self.tx, mesh, shardings, rules=rules,
+                                          num_microbatches=stage.microbatches, schedule=schedule)
+        self.order = EpochOrder(spec.num_examples, stage.batch_size, seed=seed)
+        # Packed row counts must split into the microbatches, over the batch shards and the processes.
+        self.row_multiple = (int(np.lcm(stage.microbatches * shd.batch_divisor(mesh, rules), jax.process_count()))
+                             if pack else 0)
+
+    def collate(self, pairs: Pairs) -> dict[str, np.ndarray]:
+        """The global batch of `pairs`, on every process."""
+        spec = self.spec
+        if spec.collate is not None:
+            return spec.collate(pairs)
+        return self.lm.text_pair_batch(self.tokenizer, pairs, spec.input_len, spec.target_len,
+                                       pack=self.row_multiple)
+
+    def feed(self, batch: dict[str, np.ndarray]):
+        """This process's rows of the global batch, placed on the mesh."""
+        rows = shd.host_batch_slice(len(next(iter(batch.values()))))
+        return shd.make_global_batch({k: v[rows] for k, v in batch.items()}, self.mesh, self.rules)
+
+
 def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | DecoderConfig, tokenizer: Tokenizer, mesh,
                 seed: int, checkpoint_every: int, keep: int, log: MetricsLog, init_params: Any = None,
                 log_every: int = 50, rules: shd.Rules = shd.DEFAULT_RULES, pack: bool = False,
@@ -119,32 +164,14 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | Decod
     points that already wait for the device (logging, evaluation, checkpoints), so the stop comes at the first of
     those at or after the limit."""
     stage = spec.stage
-    lm = LanguageModel(model_config)
-    model = spec.model or lm.module()
-    opt_config = dict(stage.optimizer)
-    opt_config["total_steps"] = max(1, stage.steps)
-    tx, schedule = make_optimizer(opt_config)
-    init_args = spec.init_args or lm.init_args()
-
-    def init_fn(key):
-        return model.init(key, *init_args)["params"]
-
-    if init_params is None:
-        state, shardings = create_train_state(init_fn, tx, mesh, rules, seed=seed)
-    else:
-        state, shardings = train_state_from_params(init_params, init_fn, tx, mesh, rules, seed=seed)
-    loss = spec.loss(model) if spec.loss else pair_loss(lm, model)
-    train_step = make_train_step(loss, tx, mesh, shardings, rules=rules,
-                                 num_microbatches=stage.microbatches, schedule=schedule)
-    order = EpochOrder(spec.num_examples, stage.batch_size, seed=seed)
-    # Packed row counts must split into the microbatches, over the batch shards and the processes.
-    row_multiple = int(np.lcm(stage.microbatches * shd.batch_divisor(mesh, rules), jax.process_count())) if pack else 0
+    program = _Program(spec, model_config, tokenizer, mesh, seed, init_params, rules, pack)
+    state, order, train_step = program.state, program.order, program.train_step
     stage_dir = os.path.join(workdir, spec.name)
     checkpointer = ckpt_lib.Checkpointer(os.path.join(stage_dir, "ckpt"), save_interval_steps=checkpoint_every,
                                          keep_last=keep, best_metric=spec.best_metric, best_mode="max")
     best_value, stale = -float("inf"), 0  # early stopping: the best `best_metric` so far, evaluations since it
     if checkpointer.latest_step() is not None:
-        target, _ = abstract_train_state(init_fn, tx, mesh, rules)
+        target, _ = abstract_train_state(program.init_fn, program.tx, mesh, rules)
         state, extra = checkpointer.restore(target)
         order.load_state_dict(extra["data"])
         if "early_stopping" in extra:  # older checkpoints lack it: counted from this restart
@@ -167,15 +194,10 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | Decod
             if warning:
                 progress.write(warning)
         first_batch = False
-        if spec.collate is None:
-            # The global batch, on every process.
-            batch = lm.text_pair_batch(tokenizer, pairs, spec.input_len, spec.target_len, pack=row_multiple)
-        else:
-            batch = spec.collate(pairs)
+        batch = program.collate(pairs)
         window_examples += len(pairs)
         window_tokens += int(sum((batch[k] > 0).sum() for k in ("inputs", "targets", "tokens") if k in batch))
-        rows = shd.host_batch_slice(len(next(iter(batch.values()))))
-        state, metrics = train_step(state, shd.make_global_batch({k: v[rows] for k, v in batch.items()}, mesh, rules))
+        state, metrics = train_step(state, program.feed(batch))
         skips.add(metrics)
         step += 1
         progress.update(1)
@@ -212,14 +234,45 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | Decod
     best = checkpointer.best_step() or step
     params = state.params
     if best != step:
-        target, _ = abstract_train_state(init_fn, tx, mesh, rules)
+        target, _ = abstract_train_state(program.init_fn, program.tx, mesh, rules)
         params = checkpointer.restore_params(target.params, best)
     final = {"best_step": best, **(checkpointer.metrics(best) or last_eval)}
     checkpointer.close()
     ckpt_lib.export_params(os.path.join(stage_dir, "export"), params,
-                           {"model_config": dataclasses.asdict(model_config), "family": lm.family, "step": best,
+                           {"model_config": dataclasses.asdict(model_config), "family": program.lm.family, "step": best,
                             **spec.export_metadata})
     if shd.is_main_process():
         atomic_files.write_json(os.path.join(stage_dir, "DONE"), final, indent=2)
     shd.sync_processes(f"{spec.name} done")
     return final
+
+
+def time_steps(spec: StageSpec, steps: int, *, model_config: T5Config | DecoderConfig, tokenizer: Tokenizer, mesh,
+               seed: int, init_params: Any = None, rules: shd.Rules = shd.DEFAULT_RULES, pack: bool = False,
+               warm: int = 3) -> dict[str, Any]:
+    """Where a stage's update goes: `train_stage`'s first `warm` + `steps` updates from `init_params`, the last
+    `steps` timed part by part (median seconds): making the pairs (the REFINER loop samples there), collating them
+    into the batch, and the train step, waited for; `last_loss` is the last update's loss. Nothing is written; the
+    stage's own run is untouched."""
+    program = _Program(spec, model_config, tokenizer, mesh, seed, init_params, rules, pack)
+    state = program.state
+    parts: dict[str, list[float]] = {"make_pairs": [], "collate": [], "train_step": [], "update": []}
+    shapes, tokens = set(), []
+    for step in range(warm + steps):
+        start = time.perf_counter()
+        pairs = spec.make_pairs(state.params, program.order.next_indices(), step)
+        paired = time.perf_counter()
+        batch = program.collate(pairs)
+        collated = time.perf_counter()
+        state, metrics = program.train_step(state, program.feed(batch))
+        jax.block_until_ready(metrics)
+        done = time.perf_counter()
+        if step >= warm:
+            for name, seconds in (("make_pairs", paired - start), ("collate", collated - paired),
+                                  ("train_step", done - collated), ("update", done - start)):
+                parts[name].append(seconds)
+            shapes.add(tuple(next(iter(batch.values())).shape))
+            tokens.append(int(sum((batch[k] > 0).sum() for k in ("inputs", "targets", "tokens") if k in batch)))
+    return {"steps": steps, "warm": warm, "pairs": len(pairs), "batch_shapes": sorted(shapes),
+            "tokens_per_batch": float(np.mean(tokens)), "last_loss": float(metrics["loss"]),
+            **{f"{name}_s": float(np.median(seconds)) for name, seconds in parts.items()}}
