@@ -153,6 +153,11 @@ class _Program:
         return shd.make_global_batch({k: v[rows] for k, v in batch.items()}, self.mesh, self.rules)
 
 
+def _real_tokens(batch: dict[str, np.ndarray]) -> int:
+    """The batch's tokens other than padding (pad id 0), inputs and targets together."""
+    return int(sum((batch[k] > 0).sum() for k in ("inputs", "targets", "tokens") if k in batch))
+
+
 def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | DecoderConfig, tokenizer: Tokenizer, mesh,
                 seed: int, checkpoint_every: int, keep: int, log: MetricsLog, init_params: Any = None,
                 log_every: int = 50, rules: shd.Rules = shd.DEFAULT_RULES, pack: bool = False,
@@ -196,7 +201,7 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | Decod
         first_batch = False
         batch = program.collate(pairs)
         window_examples += len(pairs)
-        window_tokens += int(sum((batch[k] > 0).sum() for k in ("inputs", "targets", "tokens") if k in batch))
+        window_tokens += _real_tokens(batch)
         state, metrics = train_step(state, program.feed(batch))
         skips.add(metrics)
         step += 1
@@ -272,7 +277,7 @@ def time_steps(spec: StageSpec, steps: int, *, model_config: T5Config | DecoderC
                                   ("train_step", done - collated), ("update", done - start)):
                 parts[name].append(seconds)
             shapes.add(tuple(next(iter(batch.values())).shape))
-            tokens.append(int(sum((batch[k] > 0).sum() for k in ("inputs", "targets", "tokens") if k in batch)))
+            tokens.append(_real_tokens(batch))
     return {"steps": steps, "warm": warm, "pairs": len(pairs), "batch_shapes": sorted(shapes),
             "tokens_per_batch": float(np.mean(tokens)), "last_loss": float(metrics["loss"]),
             **{f"{name}_s": float(np.median(seconds)) for name, seconds in parts.items()}}
