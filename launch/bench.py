@@ -70,9 +70,11 @@ def bench_sample(args) -> dict:
 
     Scenarios: greedy (batch 32, 128 prompt tokens, exactly 64 new tokens) and top-p 0.5 (8 prompts x 8 samples,
     64 new tokens); EOS is suppressed in both implementations (min_new_tokens = max_new_tokens) so both generate
-    the same number of tokens. Ours splits the prompts over all JAX devices when they divide the batch.
+    the same number of tokens. Ours splits the prompts over all JAX devices when they divide the batch. Where a
+    decoder-only model draws several samples a prompt, ours is also timed with `share_prompt_cache`.
     """
     cpu.expose_host_devices(args.host_devices)
+    os.environ[cpu.DECODE_PRODUCTS] = args.decode_products
     import jax
     import numpy as np
     import torch
@@ -108,6 +110,12 @@ def bench_sample(args) -> dict:
         def ours():
             return jax.block_until_ready(side["sample"](params, prompts, key, **knobs))
 
+        timed = {"ours": ours}
+        if family == "decoder" and sc["num_samples"] > 1:  # also with one copy of each prompt's keys and values
+            shared_knobs = dict(knobs, config=config.replace(share_prompt_cache=True))
+            timed["ours_shared_prompt"] = lambda: jax.block_until_ready(
+                side["sample"](params, prompts, key, **shared_knobs))
+
         theirs = support.transformers_generate(torch, reference, prompts, device, new_tokens=new_tokens,
                                                num_samples=sc["num_samples"], temperature=sc["temperature"],
                                                top_p=sc["top_p"], generation_ids=side["generation"])
@@ -116,7 +124,12 @@ def bench_sample(args) -> dict:
         first = ours()
         first_call = time.perf_counter() - start
         theirs_tokens = theirs()[:, skip:].cpu().numpy()
-        med = support.median_interleaved({"ours": ours, "transformers": theirs}, args.repeats)
+        compile_s = {}
+        for label in set(timed) - {"ours"}:
+            start = time.perf_counter()
+            timed[label]()
+            compile_s[label] = time.perf_counter() - start
+        med = support.median_interleaved({**timed, "transformers": theirs}, args.repeats)
         generated = sc["batch"] * sc["num_samples"] * new_tokens
         ours_tokens = np.asarray(first.tokens).reshape(-1, new_tokens)
         entry = {
@@ -131,6 +144,12 @@ def bench_sample(args) -> dict:
             "all_lengths_equal_new_tokens": bool(np.all(np.asarray(first.lengths) == new_tokens)
                                                  and theirs_tokens.shape[1] == new_tokens),
         }
+        if "ours_shared_prompt" in med:
+            entry.update({"ours_shared_prompt_s": round(med["ours_shared_prompt"], 4),
+                          "ours_shared_prompt_tokens_per_s": round(generated / med["ours_shared_prompt"], 1),
+                          "speedup_shared_prompt": round(med["transformers"] / med["ours_shared_prompt"], 2),
+                          "ours_shared_prompt_compile_s": round(max(compile_s["ours_shared_prompt"]
+                                                                    - med["ours_shared_prompt"], 0.0), 2)})
         if name == "greedy":
             # Float summation order differs, so long greedy runs may drift apart after a near-tie.
             entry["greedy_identical_rows"] = int(np.all(ours_tokens == theirs_tokens, axis=1).sum())
@@ -138,7 +157,7 @@ def bench_sample(args) -> dict:
     return {"benchmark": "sample", "preset": args.preset, "config": model_preset, "family": family,
             "repeats": args.repeats, "torch_threads": args.torch_threads, "torch_device": args.torch_device,
             "cpu_cores": os.cpu_count(), "max_top_k": args.max_top_k, "jax_devices": str(jax.devices()),
-            "malloc": cpu.malloc_in_use(),
+            "malloc": cpu.malloc_in_use(), "decode_products": args.decode_products,
             # Other processes on the machine distort both timings (torch's thread pool the most): check these.
             "load_average_1min_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "results": results}
@@ -156,6 +175,7 @@ def _add_sample_parser(subparsers) -> None:
     p.add_argument("--torch-device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--host-devices", type=int, default=os.cpu_count() or 1,
                    help="XLA:CPU host devices to split our sampling over (default: one per core)")
+    support.add_decode_products(p)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=bench_sample)
 

@@ -5,9 +5,19 @@ Importing this module does not start JAX or torch; each function imports what it
 """
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
+
+def add_decode_products(parser) -> None:
+    """`--decode-products`: where our decode loops' products run on CPU (`refiner_jax.cpu.DECODE_PRODUCTS`)."""
+    from refiner_jax import cpu
+
+    parser.add_argument("--decode-products", choices=cpu.DECODE_PRODUCTS_CHOICES,
+                        default=os.environ.get(cpu.DECODE_PRODUCTS, "eigen"),
+                        help="Eigen (the samplers' default on CPU) or YNNPACK (XLA's default) for our decode loops")
+
 
 # Bench names -> (family, model preset) of every model either bench builds.
 FAMILY_OF = {"t5-tiny": "t5", "t5-small": "t5", "t5-base": "t5", "gpt2-tiny": "decoder", "gpt2": "decoder",

@@ -33,6 +33,7 @@ def profile_decode(args) -> dict:
     from refiner_jax import cpu
 
     cpu.expose_host_devices(1)
+    os.environ[cpu.DECODE_PRODUCTS] = args.decode_products
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -115,6 +116,7 @@ def profile_decode(args) -> dict:
     prefill_flops = 2 * layer_values * b * p + 2 * int(output.size) * b  # the output layer at the last token only
     return {"benchmark": "profile", "preset": args.preset, "config": name, "batch": b, "prompt_len": p,
             "new_tokens": n, "repeats": args.repeats, "cpu_cores": os.cpu_count(), "malloc": cpu.malloc_in_use(),
+            "decode_products": args.decode_products,
             "jax_devices": str(jax.devices()),
             "whole_run_s": round(run_s, 3), "prefill_s": round(prefill_s, 3), "decode_step_ms": round(step_ms, 2),
             "products_alone_ms": round(products_ms, 2), "attention_alone_ms": round(attention_ms, 2),
@@ -136,4 +138,5 @@ def add_parser(subparsers) -> None:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    support.add_decode_products(p)
     p.set_defaults(func=profile_decode)

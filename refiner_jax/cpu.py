@@ -20,6 +20,9 @@ read when a process starts (measurements: docs/performance.md):
 the process started with; an `LD_PRELOAD` of the user's own is left alone, and so are a `MALLOC_CONF` and each glibc
 tunable already set.
 
+The samplers compile their decode loops so that XLA:CPU runs the products in Eigen, not YNNPACK (`sampling`):
+`REFINER_JAX_DECODE_PRODUCTS=ynnpack` keeps XLA's defaults, faster for some models on some CPUs, rounded otherwise.
+
 XLA:CPU runs most of a program's elementwise work on one thread and only its matrix products on every core.
 `expose_host_devices` splits the CPU into several XLA host devices before JAX starts its CPU backend, so that a program
 split over them (batches, sampled prompts) runs every device's share of that work at once.
@@ -42,6 +45,8 @@ THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"  # e.g. "always [mad
 JEMALLOC_CONF = "thp:always,metadata_thp:auto,dirty_decay_ms:-1,muzzy_decay_ms:-1"
 MALLOC_CHOICE = "REFINER_JAX_MALLOC"  # "glibc" / "glibc-retain": do not preload jemalloc; "system": change nothing
 MALLOC_CHOICES = ("jemalloc", "glibc", "glibc-retain", "system")
+DECODE_PRODUCTS = "REFINER_JAX_DECODE_PRODUCTS"  # where a decode loop's products run on CPU: eigen or ynnpack
+DECODE_PRODUCTS_CHOICES = ("eigen", "ynnpack")
 _RESTARTED = "REFINER_JAX_MALLOC_RESTARTED"  # set in the restarted process: restart at most once
 
 

@@ -26,6 +26,7 @@ top-p / min-length modified distribution: they are what reranking, scoring and R
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, Callable, Sequence
 
 import flax
@@ -34,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from refiner_jax import cpu
 from refiner_jax import sharding as shd
 
 Cache = Any
@@ -311,14 +313,20 @@ def _sample_nucleus(scaled, key, top_p):
 # meet weights streamed from memory on every step; measured on 2 cores with weights out of cache, t5-small decoder
 # products of 32 rows run 1.4-2.1x faster in Eigen. Interleaved runs of the decode program: t5-small greedy 23%
 # less time, t5-tiny greedy 14% and top-p 11% less, t5-small top-p 3% more (within the spread). The encoder's
-# large products are faster in YNNPACK, so `models.t5_sampling` compiles it apart, with the defaults.
+# large products are faster in YNNPACK, so `models.t5_sampling` compiles it apart, with the defaults. Which is
+# faster depends on the CPU and the model (gpt2-small decodes faster with YNNPACK on an AVX-512 Xeon,
+# docs/performance.md), and the two round differently: `REFINER_JAX_DECODE_PRODUCTS=ynnpack` keeps XLA's defaults.
 _CPU_DECODE_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
 
 
 @functools.cache
 def decode_options(platform: str) -> dict | None:
-    """`_CPU_DECODE_OPTIONS` on CPU when this XLA knows them, else None (the defaults)."""
-    if platform != "cpu":
+    """`_CPU_DECODE_OPTIONS` on CPU when this XLA knows them and `REFINER_JAX_DECODE_PRODUCTS` is unset or `eigen`,
+    else None (the defaults). Read once, at the first compile of a sampler."""
+    choice = os.environ.get(cpu.DECODE_PRODUCTS, "eigen")
+    if choice not in cpu.DECODE_PRODUCTS_CHOICES:
+        raise ValueError(f"{cpu.DECODE_PRODUCTS}={choice!r}: use one of {cpu.DECODE_PRODUCTS_CHOICES}")
+    if platform != "cpu" or choice == "ynnpack":
         return None
     try:
         jax.jit(lambda x: x + 1, compiler_options=_CPU_DECODE_OPTIONS).lower(jnp.zeros(())).compile()

@@ -1,6 +1,7 @@
-"""The benchmarks' own arithmetic (XLA's FLOP count behind MFU and GFLOP/s) against a hand count, and the
-accelerator benchmark run end to end at its tiny size on the CPU, in float32 so that its two sides' first losses can
-be held to float32 rounding (its timings are the benchmark's output and are not checked)."""
+"""The benchmarks' own arithmetic (XLA's FLOP count behind MFU and GFLOP/s) against a hand count, the accelerator
+benchmark run end to end at its tiny size on the CPU, in float32 so that its two sides' first losses can be held to
+float32 rounding, and the sampling benchmark's JSON at a tiny size (timings are the benchmarks' output and are not
+checked)."""
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the launch scripts are not installed
@@ -64,3 +66,45 @@ def test_accel_bench_runs_at_tiny_size_on_cpu(tmp_path):
             sample = entry["sample"][scenario]
             assert sample["tokens_per_s"] > 0 and sample["compile_s"] >= 0
             assert ("speedup" in sample) == has_torch
+
+
+def test_sample_bench_times_the_shared_prompt_cache_and_records_the_decode_products():
+    """`bench.py sample` on gpt2-tiny at a tiny size, top-p only, with YNNPACK products: the JSON names the choice,
+    and the decoder-only side is timed with and without `share_prompt_cache`, both generating every token."""
+    pytest.importorskip("torch")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "bench.py"), "sample", "--preset", "gpt2-tiny",
+                           "--scenarios", "top_p", "--repeats", "1", "--prompt-len", "8", "--new-tokens", "4",
+                           "--host-devices", "1", "--decode-products", "ynnpack"],
+                          cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout[proc.stdout.index("{"):])
+    top_p = report["results"]["top_p"]
+    assert report["decode_products"] == "ynnpack" and top_p["all_lengths_equal_new_tokens"]
+    generated = top_p["batch"] * top_p["num_samples"] * top_p["new_tokens"]
+    for side in ("ours", "ours_shared_prompt"):
+        # tokens/s is the generated count over the median time, each rounded in the JSON (0.1 and 1e-4 s).
+        rate = generated / top_p[f"{side}_s"]
+        assert abs(top_p[f"{side}_tokens_per_s"] - rate) <= 0.05 + rate * 5e-5 / top_p[f"{side}_s"], (side, top_p)
+    assert top_p["speedup_shared_prompt"] > 0 and top_p["ours_shared_prompt_compile_s"] >= 0
+
+
+def test_decode_products_choice_sets_the_samplers_compile_options(monkeypatch):
+    from refiner_jax import cpu, sampling
+
+    def options(value):
+        monkeypatch.setenv(cpu.DECODE_PRODUCTS, value)
+        sampling.decode_options.cache_clear()
+        return sampling.decode_options("cpu")
+
+    try:
+        assert options("ynnpack") is None  # XLA's defaults
+        assert options("eigen") in (sampling._CPU_DECODE_OPTIONS, None)  # None: an XLA without the option
+        monkeypatch.delenv(cpu.DECODE_PRODUCTS)
+        sampling.decode_options.cache_clear()
+        assert sampling.decode_options("cpu") == options("eigen")  # the default
+        with pytest.raises(ValueError, match=r"REFINER_JAX_DECODE_PRODUCTS='mkl': use one of \('eigen', 'ynnpack'\)"):
+            options("mkl")
+    finally:
+        monkeypatch.delenv(cpu.DECODE_PRODUCTS, raising=False)
+        sampling.decode_options.cache_clear()

@@ -155,6 +155,28 @@ def test_samples_are_deterministic_scored_like_transformers_and_knobs_do_not_rec
                      what=f"{family.name} sampled sequence log-probs vs transformers")
 
 
+def test_shared_prompt_cache_samples_like_transformers(family):
+    """`share_prompt_cache`: each prompt's keys and values kept once and read by all its samples (one softmax over
+    the prompt's shared slots and the row's own). Greedy samples equal transformers' `generate` in every one of a
+    prompt's rows, and sampled ones are scored by transformers' teacher-forced log-softmax, as without sharing:
+    left-padded prompts, grouped-query heads (llama) and a window shorter than prompt plus continuation (mistral)."""
+    config = family.config.replace(share_prompt_cache=True)
+    tokens, mask = padded_prompts(config.vocab_size, LENGTHS, "left", seed=1)
+    kwargs = dict(config=config, max_new_tokens=MAX_NEW, num_samples=3, prompt_mask=mask)
+    greedy = sample_decoder(family.params, tokens, jax.random.key(0), temperature=0.0, min_new_tokens=MAX_NEW,
+                            **kwargs)
+    theirs, _ = _generate(family.ref, tokens, mask, config, min_new_tokens=MAX_NEW)
+    np.testing.assert_array_equal(np.asarray(greedy.tokens), np.repeat(theirs[:, None], 3, axis=1))
+    sampled = sample_decoder(family.params, tokens, jax.random.key(1), temperature=1.0, top_p=0.9, **kwargs)
+    assert all(len({tuple(s) for s in prompt}) > 1 for prompt in np.asarray(sampled.tokens))
+    new = np.asarray(sampled.tokens).reshape(12, MAX_NEW)
+    expected = _teacher_forced_log_probs(family.ref, np.repeat(tokens, 3, 0), np.repeat(mask, 3, 0), new)
+    expected = np.where(np.arange(MAX_NEW) < np.asarray(sampled.lengths).reshape(12, 1), expected, 0.0)
+    assert_f32_close(np.asarray(sampled.token_log_probs).reshape(12, MAX_NEW), expected, ulps=PARITY,
+                     scale=np.abs(expected).sum(-1).max(),
+                     what=f"{family.name} shared-prompt sampled log-probs vs transformers")
+
+
 def test_first_logits_continue_the_prompt_feeding_path_step_for_step():
     """`sample` started from the logits after the prompt == `sample` feeding the prompt: same inputs at the same
     indices, same keys (so the same samples), only the prompt's steps skipped. Stub model: logits = table[input +

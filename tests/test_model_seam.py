@@ -178,12 +178,23 @@ def test_config_round_trip_keeps_tuples():
     assert config_from_dict("decoder", fields) == config
 
 
+def test_share_prompt_cache_reaches_a_decoder_runs_model_config():
+    from test_pipeline import tiny_config
+
+    c = tiny_config()
+    c.model.family, c.model.preset = "decoder", "gpt2-tiny"
+    assert not run_setup.model_setup(c, ByteTokenizer())[0].share_prompt_cache
+    c.model.share_prompt_cache = True
+    assert run_setup.model_setup(c, ByteTokenizer())[0].share_prompt_cache
+
+
 @pytest.mark.slow
 def test_refiner_run_with_a_decoder_generator(tmp_path):
     from test_pipeline import tiny_config
 
     c = tiny_config()
     c.model.family, c.model.preset = "decoder", "gpt2-tiny"
+    c.model.share_prompt_cache = True  # the REFINER loop's and the critic's samples read one copy of each prompt
     workdir = str(tmp_path / "run")
     results = refiner_run.run(c, workdir, stages=("warmup", "critic", "refiner"))
     for stage in ("warmup", "critic", "refiner"):
@@ -191,6 +202,7 @@ def test_refiner_run_with_a_decoder_generator(tmp_path):
     assert 0.0 <= results["warmup"]["equation_em_canonical"] <= 1.0
     model = load_text_model(os.path.join(workdir, "refiner"), ByteTokenizer(), 8, 4)
     assert LanguageModel(model.config).family == "decoder" and model.config.eos_id == 1
+    assert model.config.share_prompt_cache
     c.model.preset = "t5-tiny"
     with pytest.raises(config_lib.ConfigError, match="unknown preset 't5-tiny' for family 'decoder'"):
         refiner_run.run(c, str(tmp_path / "other"))

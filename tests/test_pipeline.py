@@ -49,6 +49,7 @@ def tiny_config():
     ("checkpoint.keep", 0, "config.checkpoint.keep: must be >= 1"),
     ("log_every", 0, "config.log_every: must be >= 1"),
     ("model.dtype", "bf16", "config.model.dtype: 'bf16' is not a dtype"),
+    ("model.share_prompt_cache", True, "config.model.share_prompt_cache: applies to decoder-only models"),
     ("model.param_dtype", "bf16", "config.model.param_dtype: 'bf16' is not a dtype"),
     ("model.param_dtype", "checkpoint", "config.model.param_dtype: 'checkpoint' keeps .* model.checkpoint is empty"),
     ("critic.eval_examples", 0, "config.critic.eval_examples: must be >= 1"),

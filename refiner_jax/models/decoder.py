@@ -14,7 +14,8 @@ Entry points (pure `model.apply` methods):
   `hidden_states`  the final-norm hidden states `[batch, len, d_model]` (for reward or value heads);
   `prefill`        one pass over a batch of prompts into an explicit KV cache pytree (`init_cache`);
   `decode_step`    one token per row against the cache; `models.decoder_sampling.sample_decoder` loops it in
-                   the library's sampler (all decoding modes).
+                   the library's sampler (all decoding modes). A `share_prompt` cache keeps each prompt's keys
+                   and values once for all its samples' rows (`DecoderConfig.share_prompt_cache`).
 
 Padding: a mask marks the real tokens; positions count real tokens only (each row's first real token is at 0), as
 transformers' `generate` numbers left-padded prompts. `prefill` takes left- or right-padded prompts: left padding
@@ -204,8 +205,43 @@ class Attention(nn.Module):
             bias = jnp.tile(bias, (1, 1, groups, 1))
         seed = self.dropout.seed(b * h * q_len * k_len, deterministic)
         ctx = attend(q, k.astype(dt), v.astype(dt), bias, seed, cfg.dropout_rate)  # [batch, kv, groups * q, hd]
-        ctx = ctx.reshape(b, kv, groups, q_len, hd).transpose(0, 3, 1, 2, 4).reshape(b, q_len, h * hd)
-        out = dense(ctx, self.out.astype(dt).reshape(h * hd, cfg.d_model))
+        return self._output(ctx.reshape(b, kv, groups, q_len, hd).transpose(0, 3, 1, 2, 4).reshape(b, q_len, h * hd))
+
+    def attend_shared(self, q: Array, k: Array, v: Array, bias: Array, prompt: dict) -> Array:
+        """One new query per row, `q` [n, 1, heads, head_dim], over its own generated keys and values `k`, `v`
+        `[n, kv_heads, new, head_dim]` (`bias` `[n, 1, 1, new]`) and over its prompt's, shared by the prompt's
+        n / batch consecutive rows: `prompt` `{'k', 'v'}` `[batch, kv_heads, P, head_dim]`, `'bias'`
+        `[batch, 1, 1, P]` -> `[n, 1, d_model]`. One softmax over both parts: the attention of the rows' whole
+        caches, summed in another order. A prompt's part is one product of all its rows' queries with one copy of
+        its keys, heads-major with the rows stacked, `[batch, kv_heads, rows * groups, .]`."""
+        cfg = self.config
+        dt = cfg.compute_dtype
+        n, _, h, hd = q.shape
+        batch, kv, prompt_len, _ = prompt["k"].shape
+        groups, rows = h // kv, n // batch
+        stacked = (batch, kv, rows * groups, -1)
+
+        def to_prompts(x):  # [n, kv, groups, m] -> [batch, kv, rows * groups, m]
+            return x.reshape(batch, rows, kv, groups, -1).transpose(0, 2, 1, 3, 4).reshape(stacked)
+
+        def to_rows(x):  # the inverse
+            return x.reshape(batch, kv, rows, groups, -1).transpose(0, 2, 1, 3, 4).reshape(n, kv, groups, -1)
+
+        q = q.reshape(n, kv, groups, hd) * jnp.asarray(hd ** -0.5, dt)
+        own = jnp.einsum("nhgd,nhsd->nhgs", q, k.astype(dt)).astype(jnp.float32) + bias  # [n, kv, groups, new]
+        logits = jnp.concatenate([
+            jnp.einsum("bhmd,bhsd->bhms", to_prompts(q), prompt["k"].astype(dt)).astype(jnp.float32)
+            + prompt["bias"], to_prompts(own)], axis=-1)  # [batch, kv, rows * groups, P + new]
+        probs = jax.nn.softmax(logits, axis=-1).astype(dt)
+        ctx = (to_rows(jnp.einsum("bhms,bhsd->bhmd", probs[..., :prompt_len], prompt["v"].astype(dt)))
+               + jnp.einsum("nhgs,nhsd->nhgd", to_rows(probs[..., prompt_len:]), v.astype(dt)))
+        return self._output(ctx.reshape(n, 1, h * hd))
+
+    def _output(self, ctx: Array) -> Array:
+        """The heads' concatenated outputs `[batch, q, heads * head_dim]` -> `[batch, q, d_model]`."""
+        cfg = self.config
+        dt = cfg.compute_dtype
+        out = dense(ctx, self.out.astype(dt).reshape(-1, cfg.d_model))
         if cfg.out_bias:
             out = out + self.out_bias.astype(dt)
         return nn.with_logical_constraint(out, _EMBED)
@@ -251,18 +287,22 @@ class Layer(nn.Module):
         self.dropout = Dropout(self.config.dropout_rate)
 
     def __call__(self, x: Array, positions: Array, bias: Array, deterministic: bool, cache: dict | None = None,
-                 index: Array | None = None) -> tuple[Array, dict]:
+                 index: Array | None = None, prompt: dict | None = None) -> tuple[Array, dict]:
         """`x` [batch, len, d_model] at `positions` [batch, len] -> (output, the keys and values attended over).
 
         Without `cache`, the tokens attend among themselves. With `cache` (this layer's `'k'`, `'v'`
         `[batch, kv_heads, max_len, head_dim]`), their keys and values are first written at slot `index` and the
-        tokens attend over the whole cache; `bias` masks the slots not to read.
+        tokens attend over the whole cache; `bias` masks the slots not to read. With `prompt` as well (one token a
+        row), the rows also attend over their prompt's shared keys and values (`Attention.attend_shared`).
         """
         q, k, v = self.attention.project(self.attention_norm(x), positions)
         if cache is not None:
             k, v = (jax.lax.dynamic_update_slice(cache[n], t.astype(cache[n].dtype), (0, 0, index, 0))
                     for n, t in (("k", k), ("v", v)))
-        attended = self.attention.attend(q, k, v, bias, deterministic)
+        if prompt is None:
+            attended = self.attention.attend(q, k, v, bias, deterministic)
+        else:
+            attended = self.attention.attend_shared(q, k, v, bias, prompt)
         x = x + self.dropout(attended, deterministic=deterministic)
         x = x + self.dropout(self.mlp(self.mlp_norm(x)), deterministic=deterministic)
         return nn.with_logical_constraint(x, _EMBED), {"k": k, "v": v}
@@ -353,18 +393,31 @@ class Decoder(nn.Module):
                                       "position": jnp.sum(mask, axis=1, dtype=jnp.int32)}
 
     def decode_step(self, token: Array, cache: dict) -> tuple[Array, dict]:
-        """Logits `[batch, vocab]` after one more token per row (`token` [batch]), and the updated cache."""
+        """Logits `[batch, vocab]` after one more token per row (`token` [batch]), and the updated cache: an
+        `init_cache` one, or a `share_prompt` one (each prompt's keys and values kept once for its rows)."""
         index, position = cache["index"], cache["position"]
         valid = jax.lax.dynamic_update_slice(cache["valid"], jnp.ones((token.shape[0], 1), bool), (0, index))
-        # [batch, 1, 1, max_len] per layer; the new token is real token number position + 1 of its row.
-        biases = _layer_biases(self.config, valid[:, None, :], position[:, None] + 1, jnp.cumsum(valid, axis=1))
+        query = position[:, None] + 1  # the new token is real token number position + 1 of its row
+        prompts = [None] * self.config.num_layers
+        if "prompt" in cache:  # a prompt's rows advance together: one bias a prompt over its slots
+            shared = cache["prompt"]
+            batch = shared["valid"].shape[0]
+            rows = token.shape[0] // batch
+            prompt_counts = jnp.cumsum(shared["valid"], axis=1)  # [prompts, P]
+            prompts = [dict(kv, bias=bias) for kv, bias in zip(shared["layers"], _layer_biases(
+                self.config, shared["valid"][:, None, :], query.reshape(batch, rows)[:, :1], prompt_counts))]
+            key_counts = jnp.repeat(prompt_counts[:, -1:], rows, axis=0) + jnp.cumsum(valid, axis=1)
+        else:
+            key_counts = jnp.cumsum(valid, axis=1)
+        biases = _layer_biases(self.config, valid[:, None, :], query, key_counts)  # [batch, 1, 1, slots] per layer
         x = self._embed(token[:, None], position[:, None])
         layers = []
-        for layer, layer_cache, bias in zip(self.layers, cache["layers"], biases):
-            x, kv = layer(x, position[:, None], bias, True, layer_cache, index)
+        for layer, layer_cache, bias, prompt in zip(self.layers, cache["layers"], biases, prompts):
+            x, kv = layer(x, position[:, None], bias, True, layer_cache, index, prompt)
             layers.append(kv)
         logits = self.logits(self.final_norm(x))[:, 0]
-        return logits, {"layers": tuple(layers), "valid": valid, "index": index + 1, "position": position + 1}
+        return logits, {**cache, "layers": tuple(layers), "valid": valid, "index": index + 1,
+                        "position": position + 1}
 
 
 def init_cache(config: DecoderConfig, batch: int, max_len: int) -> dict:
@@ -380,3 +433,17 @@ def init_cache(config: DecoderConfig, batch: int, max_len: int) -> dict:
     return {"layers": tuple({"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt)} for _ in range(config.num_layers)),
             "valid": jnp.zeros((batch, max_len), bool), "index": jnp.zeros((), jnp.int32),
             "position": jnp.zeros((batch,), jnp.int32)}
+
+
+def share_prompt(cache: dict, num_samples: int, new_slots: int) -> dict:
+    """A `prefill`ed cache of `batch` prompts -> the cache of their `num_samples` continuations each (consecutive
+    rows of `[batch * num_samples]`), for `decode_step`: the prompts' keys and values stay one copy each
+    (`'prompt'`: `'layers'`, `'valid'`), and the rows get `new_slots` slots of their own (`'layers'`, `'valid'`,
+    `'index'` from 0). Attention then reads a prompt's keys once for all its rows instead of once a row."""
+    batch, kv_heads, _, head_dim = cache["layers"][0]["k"].shape
+    shape = (batch * num_samples, kv_heads, new_slots, head_dim)
+    return {"prompt": {"layers": cache["layers"], "valid": cache["valid"]},
+            "layers": tuple({name: jnp.zeros(shape, layer[name].dtype) for name in ("k", "v")}
+                            for layer in cache["layers"]),
+            "valid": jnp.zeros((batch * num_samples, new_slots), bool), "index": jnp.zeros((), jnp.int32),
+            "position": jnp.repeat(cache["position"], num_samples)}

@@ -51,6 +51,9 @@ class DecoderConfig(ConfigDtypes):
     dtype: str = "float32"  # compute dtype ("bfloat16" on accelerators)
     param_dtype: str = "float32"
     remat: bool = False  # rematerialise each layer's activations in the backward pass
+    # Sampling several continuations of a prompt attends over one copy of its keys and values
+    # (`decoder.share_prompt`) instead of a copy per continuation: faster; the same attention summed in another order.
+    share_prompt_cache: bool = False
     pad_id: int | None = None
     bos_id: int | None = None
     eos_id: int | tuple[int, ...] | None = None

@@ -1,7 +1,8 @@
 """Sampling from the decoder-only LM (`models.decoder`) with the library's jitted sampler (`sampling.sample`).
 
 `sample_decoder` is one compiled program per shape: each prompt is prefilled once, in one forward pass over all its
-tokens (`Decoder.prefill`); its KV cache is repeated for its K samples; the shared sampling loop then starts from
+tokens (`Decoder.prefill`); its KV cache is repeated for its K samples (with `DecoderConfig.share_prompt_cache`,
+kept once and read by all K: `decoder.share_prompt`); the shared sampling loop then starts from
 the prefill's last logits and feeds only the generated tokens (`Decoder.decode_step`). Prompts come left-padded, as
 transformers' `generate` takes them; right-padded ones give the same tokens (their padding slots stay masked).
 """
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from refiner_jax import sampling
-from refiner_jax.models.decoder import Decoder, init_cache
+from refiner_jax.models.decoder import Decoder, init_cache, share_prompt
 from refiner_jax.models.decoder_config import DecoderConfig
 
 
@@ -24,11 +25,16 @@ def _sample(params, prompts, mask, rng, temperature, top_k, top_p, min_new_token
     model = Decoder(config)
     variables = {"params": params}
     batch, prompt_len = prompts.shape
-    # The last generated token is never fed: P + max_new_tokens - 1 slots.
-    cache = init_cache(config, batch, prompt_len + max_new_tokens - 1)
+    shared = config.share_prompt_cache and num_samples > 1
+    # The last generated token is never fed: P + max_new_tokens - 1 slots (the prompt's P apart when shared).
+    cache = init_cache(config, batch, prompt_len + (0 if shared else max_new_tokens - 1))
     logits, cache = model.apply(variables, prompts, mask, cache, method=Decoder.prefill)  # logits [batch, vocab]
     # A prompt's K samples are consecutive rows of [batch * K, ...]; the cache's slot index (a scalar) is shared.
-    logits, cache = jax.tree.map(lambda x: jnp.repeat(x, num_samples, axis=0) if x.ndim else x, (logits, cache))
+    logits = jnp.repeat(logits, num_samples, axis=0)
+    if shared:
+        cache = share_prompt(cache, num_samples, max(max_new_tokens - 1, 1))
+    else:
+        cache = jax.tree.map(lambda x: jnp.repeat(x, num_samples, axis=0) if x.ndim else x, cache)
 
     def tokens_to_logits(tokens, index, cache):  # the cache tracks `index` (slot) and each row's position itself
         return model.apply(variables, tokens, cache, method=Decoder.decode_step)

@@ -67,9 +67,11 @@ def base_config() -> ml_collections.ConfigDict:
     # llama-tiny, gpt2, qwen2.5-0.5b; a checkpoint is a transformers GPT-2 / Llama / Qwen2 / Mistral directory).
     # `pack`: a decoder-only LM trains on rows packed with several (prompt, target) pairs, each attending only to
     # itself, instead of one padded pair per row (same loss, about half the compute on the MWP tasks; T5 pads).
+    # `share_prompt_cache` (decoder only): a prompt's samples read one copy of its keys and values
+    # (`DecoderConfig.share_prompt_cache`); faster sampling, the same distribution, other float sums.
     c.model = ml_collections.ConfigDict({"family": "t5", "preset": "t5-tiny", "checkpoint": "", "dropout_rate": 0.1,
                                          "dtype": "float32", "param_dtype": "float32", "remat": False,
-                                         "pack": True})
+                                         "pack": True, "share_prompt_cache": False})
     # Token budgets: texts are truncated to them and batches padded to them (fixed shapes compile once). The
     # oracle's feedback on a generator's hypothesis can name several errors: up to 29 tokens on the synthetic MWP.
     c.lengths = ml_collections.ConfigDict({"input": 56, "target": 24, "refine_input": 96, "critic_input": 80,
@@ -206,6 +208,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     need(c.model.preset in presets, "model.preset",
          f"unknown preset {c.model.preset!r} for family {family!r}; use one of {sorted(presets)}")
     need(0.0 <= c.model.dropout_rate < 1.0, "model.dropout_rate", "must be in [0, 1)")
+    need(family == "decoder" or not c.model.get("share_prompt_cache", False), "model.share_prompt_cache",
+         "applies to decoder-only models (model.family='decoder'); set it False for T5")
     need(c.model.dtype in _DTYPES, "model.dtype", f"{c.model.dtype!r} is not a dtype; use one of {_DTYPES}")
     if c.model.param_dtype == "checkpoint":
         need(bool(c.model.checkpoint), "model.param_dtype",

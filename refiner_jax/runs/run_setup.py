@@ -117,6 +117,8 @@ def model_setup(config, tokenizer: Tokenizer) -> tuple[T5Config | DecoderConfig,
     imported transformers checkpoint."""
     overrides = dict(dropout_rate=config.model.dropout_rate, dtype=config.model.dtype,
                      param_dtype=config.model.param_dtype, remat=config.model.remat)
+    if config.model.get("share_prompt_cache", False):
+        overrides["share_prompt_cache"] = True
     if config.model.checkpoint:
         model_config, params = load_checkpoint(config.model.family, config.model.checkpoint, **overrides)
         if model_config.vocab_size < tokenizer.vocab_size:
