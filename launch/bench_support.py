@@ -10,6 +10,7 @@ import statistics
 import tempfile
 import time
 
+
 def add_decode_products(parser) -> None:
     """`--decode-products`: where our decode loops' products run on CPU (`refiner_jax.cpu.DECODE_PRODUCTS`)."""
     from refiner_jax import cpu
