@@ -29,6 +29,9 @@ CORE = [
     "sentencepiece>=0.2",
 ]
 
+# The documentation site (mkdocs.yml): guides, results and the API reference generated from the docstrings.
+DOCS = ["mkdocs==1.6.1", "mkdocstrings==1.0.8", "mkdocstrings-python==2.0.11"]
+
 setup(
     name="refiner_jax",
     version="0.1.0",
@@ -47,9 +50,12 @@ setup(
             "pytest-xdist>=3.5",
             "hypothesis>=6.100",
             f"torch==2.13.0; {PY311}",
+            f"peft==0.22.0; {PY311}",  # the reference that reads and writes LoRA adapter files (tests/test_lora.py)
             "rouge-score==0.1.2",
             "sacrebleu==2.6.0",
+            *DOCS,
         ],
+        "docs": DOCS,
         "gpu": [f"jax[cuda12]=={JAX_PY311}; {PY311}", f"jax[cuda12]=={JAX_PY312_PLUS}; {PY312_PLUS}"],
         "tpu": [f"jax[tpu]=={JAX_PY311}; {PY311}", f"jax[tpu]=={JAX_PY312_PLUS}; {PY312_PLUS}"],
     },

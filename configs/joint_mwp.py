@@ -2,7 +2,9 @@
 locate (PRM) + explain (critic) + revise (generator, from the located step) + rerank (PRM), against each part alone
 at equal compute (`runs/joint_run.py`).
 
-  --config=configs/joint_mwp.py    the trace-error variant of the embedded generator (`rm_mwp.py:trace`), K = 16
+  --config=configs/joint_mwp.py            the trace-error variant of the embedded generator (`rm_mwp.py:trace`), K = 16
+  --config=configs/joint_mwp.py:converge   the same with every model it trains trained to its validation plateau
+                                           (`refiner_mwp.py:converge`'s stages; the SFT policy and the PRM likewise)
 
 `--config.joint.refiner_workdir=DIR --config.joint.reward_workdir=DIR` reuse finished runs (a REFINER run of
 `configs/refiner_mwp.py`, a reward run of `configs/rm_mwp.py:trace`); left empty, the job first trains what it uses
@@ -14,6 +16,8 @@ import os
 
 import ml_collections
 
+from refiner_jax.runs import run_config
+
 
 def _sibling(name: str, arg: str | None = None):
     spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), f"{name}.py"))
@@ -23,14 +27,18 @@ def _sibling(name: str, arg: str | None = None):
 
 
 def get_config(arg: str | None = None):
-    if arg not in (None, "default"):
-        raise ValueError(f"unknown variant {arg!r} for joint_mwp.py; use: default")
+    if arg not in (None, "default", "converge"):
+        raise ValueError(f"unknown variant {arg!r} for joint_mwp.py; use: default, converge")
     c = ml_collections.ConfigDict()
     c.pipeline = "joint"
     c.seed = 0
     c.reward_run = _sibling("rm_mwp", "trace")
     c.reward_run.reward.labels = "checker"  # the joint rows use the checker-labelled PRM only
-    c.refiner_run = _sibling("refiner_mwp")
+    c.refiner_run = _sibling("refiner_mwp", "converge" if arg == "converge" else None)
+    if arg == "converge":
+        c.refiner_run.refiner.controls = False  # the joint rows use the REFINER generator and critic only
+        run_config.use_convergence(c.reward_run, {"warmup": 3000}, patience=3, eval_examples=500)
+        run_config.use_convergence(c.reward_run, {"reward": 2400}, patience=3)
     c.refiner_run.task = c.reward_run.task.to_dict()  # both runs on the same problems
     c.task = c.reward_run.task.to_dict()
     # One seed for the whole job: the runs it trains follow `--config.seed` unless given their own

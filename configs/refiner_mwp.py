@@ -3,6 +3,11 @@
   --config=configs/refiner_mwp.py          embedded synthetic MWP, a small decoder-only model (Llama-style
                                            `llama-mini`, 1.0M parameters); every stage runs on a laptop CPU
   --config=configs/refiner_mwp.py:t5       the same with T5 models of the same size (t5-tiny)
+  --config=configs/refiner_mwp.py:converge the default trained to convergence: every stage stops after 3 validations
+                                           on the whole validation split without a better score (caps: 6x the
+                                           default's steps, 4x for the loop), a constant learning rate after warm-up,
+                                           and the loop's controls (`refiner.controls`: the loop with random
+                                           feedback, the warm-up continued without feedback) with their rows
   --config=configs/refiner_mwp.py:svamp    train on MAWPS+ASDiv-A, test on SVAMP (`task.data_dir` = the folder
                                            holding SVAMP's mawps-asdiv-a_svamp train.csv / dev.csv, or any source
                                            of README's Data sources: train.parquet / test.parquet, split=PATH
@@ -22,11 +27,15 @@ def get_config(arg: str | None = None):
     # problems only (`task.extra_problems` = 0), for as many steps as the generator's warm-up.
     config.critic.mode = "solve"
     variant = arg or "default"
-    if variant == "default":
-        # At this size a decoder-only generator solves far more of the problems than t5-tiny (docs/experiments.md).
+    if variant in ("default", "converge"):
+        # At this size a decoder-only generator solves far more of the problems than t5-tiny (docs/results/refiner.md).
         config.model.family = "decoder"
         config.model.preset = "llama-mini"
-    elif variant == "t5":
+    if variant == "converge":
+        base.use_convergence(config, {"warmup": 3000, "critic": 3000, "refiner": 1800}, patience=3,
+                             eval_examples=500)  # the synthetic task's whole validation split
+        config.refiner.controls = True
+    elif variant in ("default", "t5"):
         pass
     elif variant == "svamp":
         config.task.data_dir = shared_data_dir("svamp", "mawps-asdiv-a_svamp")
@@ -43,5 +52,6 @@ def get_config(arg: str | None = None):
         base.use_paper_settings(config, "unifiedqa-t5-base")
         config.task.data_dir = shared_data_dir("svamp", "mawps-asdiv-a_svamp")
     else:
-        raise ValueError(f"unknown variant {variant!r} for refiner_mwp.py; use one of: default, t5, svamp, paper")
+        raise ValueError(f"unknown variant {variant!r} for refiner_mwp.py; use one of: default, converge, t5, svamp, "
+                         "paper")
     return config

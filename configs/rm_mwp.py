@@ -7,6 +7,8 @@
   --config=configs/rm_mwp.py:trace    the default on the trace-error variant of the generator: every problem whose
                                       numbers allow it gets values under which a wrong step reaches the right answer
                                       (`tasks/mwp/coincidences.py`), so right answers hide wrong steps as on GSM8K
+  --config=configs/rm_mwp.py:trace_grpo  trace, plus a GRPO policy per reward beside each expert-iteration one, on
+                                      the same samples drawn and gradient steps (`runs/grpo_stage.py`)
 
 The PRM's labels come from the task's step checker (each `#k` step must compute a distinct subexpression of the gold
 formula); `--config.reward.labels_file=PATH.jsonl` trains it on PRM800K-style human step labels instead.
@@ -31,10 +33,10 @@ def get_config(arg: str | None = None):
     config.checkpoint.every = 400
     config.rl.eval_every = config.rl.steps
     variant = arg or "default"
-    if variant in ("default", "trace"):
+    if variant in ("default", "trace", "trace_grpo"):
         config.model.family = "decoder"
         config.model.preset = "llama-mini"
-    if variant == "trace":
+    if variant in ("trace", "trace_grpo"):
         # "unit" (x 1 and / 1 agree) is left out: the policy almost never confuses multiply and divide, so it adds
         # no trace errors (docs/reward_models.md).
         # `--config.task.options.synthetic_sizes.test=N --config.eval.examples=N` evaluates on N test problems; the
@@ -45,6 +47,10 @@ def get_config(arg: str | None = None):
         # Expert iteration on the samples with the right answer that the PRM also passes, beside the answer alone: on
         # this variant the answer check keeps right answers reached through wrong steps.
         config.rl.rewards = ("final", "orm", "prm", "final_prm")
+        if variant == "trace_grpo":
+            # Each of the 2,000 problems' 4 samples once, in 100 batches of 20 problems, 2 updates on each: expert
+            # iteration's 8,000 samples and 200 gradient steps.
+            config.grpo.rewards = config.rl.rewards
     elif variant in ("default", "t5"):
         pass
     elif variant == "small":
@@ -56,5 +62,6 @@ def get_config(arg: str | None = None):
         config.rl.samples = 16
         config.rl.steps = 1000
     else:
-        raise ValueError(f"unknown variant {variant!r} for rm_mwp.py; use one of: default, trace, t5, small")
+        raise ValueError(f"unknown variant {variant!r} for rm_mwp.py; use one of: default, trace, trace_grpo, t5, "
+                         "small")
     return config

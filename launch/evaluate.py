@@ -7,9 +7,13 @@ quality and the noisy-critic study, on the task's test split.
 Writes `<workdir>/eval/`: results.md, results.json, predictions.jsonl, noise.png, curves_<stage>.png; prints the
 markdown. The logic lives in `refiner_jax.runs.refiner_eval.evaluate_run`.
 """
-from absl import app, flags
+import os
 
-from refiner_jax.runs import refiner_eval, results
+from absl import flags
+
+from refiner_jax.runs import cli, refiner_eval, results, run_config
+from refiner_jax.runs.run_config import ConfigError
+from refiner_jax.tasks import data_sources
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Trained run directory (launch/train.py --workdir).")
 _TURNS = flags.DEFINE_integer("turns", None, "Refinement turns T (default: the run config's eval.turns).")
@@ -19,12 +23,19 @@ flags.mark_flags_as_required(["workdir"])
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    for name, value in (("turns", _TURNS.value), ("examples", _EXAMPLES.value)):
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name}={value}: must be >= 1")
+    config = run_config.load(_WORKDIR.value)
+    refiner_eval.generator_stage_dir(_WORKDIR.value)  # a run with no trained generator: an error before loading
+    data_dir = config.task.data_dir
+    print(f"[data] source: {data_dir or 'embedded'}; from the run's "
+          f"{os.path.join(_WORKDIR.value, run_config.CONFIG_FILE)}", flush=True)
+    data_sources.require(data_dir)
     out = refiner_eval.evaluate_run(_WORKDIR.value, max_examples=_EXAMPLES.value, turns=_TURNS.value,
                                     out_dir=_OUT_DIR.value)
     results.print_results(out)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

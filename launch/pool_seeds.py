@@ -16,20 +16,37 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from refiner_jax.runs import seed_pool  # noqa: E402 (after the path line)
+from refiner_jax.runs import cli, seed_pool  # noqa: E402 (after the path line)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors as the one `error:` line of the other launchers."""
+
+    def error(self, message: str):
+        cli.fail(f"{message}; see --help")
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("workdirs", nargs="+", help="runs of one job (reward, joint or REFINER) with different seeds")
     parser.add_argument("--out", help="write the pooled results here as JSON")
     parser.add_argument("--samples", type=int, default=1000, help="bootstrap resamples")
     args = parser.parse_args(argv)
+    if args.samples < 1:
+        cli.fail(f"--samples={args.samples}: must be >= 1")
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        cli.fail(f"--out={args.out}: the folder {os.path.dirname(os.path.abspath(args.out))} does not exist; create "
+                 "it first")
+    missing = [w for w in args.workdirs if not os.path.isdir(w)]
+    if missing:
+        cli.fail(f"{missing[0]}: no such run directory; give the workdirs of launch/train.py runs")
     try:
         pool = seed_pool.pool_refiner_seeds if seed_pool.is_refiner_run(args.workdirs[0]) else seed_pool.pool_seeds
         pooled = pool(args.workdirs, samples=args.samples)
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"pool_seeds: {e}") from None
+    except (FileNotFoundError, ValueError) as e:  # seed_pool's messages name the run and the fix
+        if isinstance(e, FileNotFoundError) and not cli.is_user_error(e):
+            raise
+        cli.fail(str(e))
     print(pooled["markdown"])
     if args.out:
         with open(args.out, "w") as f:

@@ -7,10 +7,12 @@ hypothesis and the trained critic's suggested feedback, then type your own feedb
 suggestion, or type "ok" (or "No hint") to accept the hypothesis. The generator revises until you accept or
 --turns revisions are done. The logic lives in `refiner_jax.runs.refiner_eval.interactive_session`.
 """
-from absl import app, flags
+from absl import flags
 
-from refiner_jax.runs import refiner_eval
+from refiner_jax.runs import cli, refiner_eval, run_config
+from refiner_jax.runs.run_config import ConfigError
 
+_SPLITS = ("train", "val", "test")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Trained run directory.")
 _TURNS = flags.DEFINE_integer("turns", 3, "Most revisions per problem.")
 _SPLIT = flags.DEFINE_string("split", "test", "Split whose problems are offered (train, val, test).")
@@ -19,10 +21,14 @@ flags.mark_flags_as_required(["workdir"])
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _TURNS.value < 1:
+        raise ConfigError(f"--turns={_TURNS.value}: must be >= 1")
+    if _SPLIT.value not in _SPLITS:
+        raise ConfigError(f"--split={_SPLIT.value}: not a split{run_config.suggestion(_SPLIT.value, _SPLITS)}; use "
+                          f"one of {', '.join(_SPLITS)}")
+    run_config.load(_WORKDIR.value)  # not a run directory: an error before loading any model
     refiner_eval.interactive_session(_WORKDIR.value, _TURNS.value, _SPLIT.value, use_critic=not _NO_CRITIC.value)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

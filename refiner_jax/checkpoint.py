@@ -15,6 +15,7 @@ mesh or device count (``training.state.abstract_train_state`` builds that target
 
 A params-only export (``export_params`` / ``load_params``) is a separate directory ``<dir>/params`` plus
 ``<dir>/metadata.json``; it has no optimizer state and is what inference and fine-tuning from a trained model load.
+A LoRA stage also exports its adapters as PEFT's files (``export_adapters``).
 """
 from __future__ import annotations
 
@@ -249,6 +250,25 @@ def export_params(directory: str | os.PathLike, params: Any, metadata: dict[str,
         atomic_files.write_json(os.path.join(directory, "metadata.json"), dict(metadata or {}), indent=2,
                                 sort_keys=True)
     shd.sync_processes("export_params")  # the export is complete for every process once this returns
+
+
+def export_adapters(directory: str | os.PathLike, lora: Any, adapters: Any) -> None:
+    """Writes LoRA ``adapters`` (a `models.lora.Lora`'s tree) as PEFT's adapter files in ``directory``, replacing an
+    earlier export whole. Every process calls it: the adapters are gathered from their shards, process 0 writes."""
+    from jax.experimental import multihost_utils
+
+    from refiner_jax.models import peft_io
+
+    host = (multihost_utils.process_allgather(adapters, tiled=True) if jax.process_count() > 1
+            else jax.device_get(adapters))
+    if shd.is_main_process():
+        directory = os.path.abspath(os.fspath(directory))
+        partial = directory + ".partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        peft_io.save_adapters(partial, lora, host)
+        shutil.rmtree(directory, ignore_errors=True)
+        os.replace(partial, directory)
+    shd.sync_processes("export_adapters")
 
 
 def load_params(directory: str | os.PathLike, target: Any = None) -> tuple[Any, dict[str, Any]]:

@@ -3,7 +3,9 @@
 `sample` is model-agnostic: it drives a `tokens_to_logits(tokens, index, cache) -> (logits, cache)` step callback
 and serves the T5 decoder (`models.t5_sampling.sample_t5`), a decoder-only LM or any other model; it imports no
 model. A prompt is either teacher-forced through the loop token by token, or prefilled by the model in one pass
-whose last logits start the loop (`first_logits`; `models.decoder_sampling.sample_decoder`). Decoding modes: greedy
+whose last logits start the loop (`first_logits`; `models.decoder_sampling.sample_decoder`). K samples per prompt
+(`num_samples`) are K rows of the same loop; every sampler returns `[batch, K, ...]` leaves, K = 1 included. The end
+and pad ids are required arguments (the model samplers take them from the model's config). Decoding modes: greedy
 (temperature 0), temperature, top-k, top-p (nucleus), and top-k with top-p; min/max new tokens; every sequence
 stops at EOS (one id or several) and the loop exits once all have.
 
@@ -49,12 +51,13 @@ _MAX_ROUNDS = 64  # rejection rounds before an undecided row takes the most like
 
 @flax.struct.dataclass
 class SampleOutput:
-    """Sampled continuations. Leading dims are `[n]` for `sample`, `[batch, k]` for the model samplers."""
+    """Sampled continuations: `[batch, num_samples, ...]` leaves from every sampler (`sample`, `sample_t5`,
+    `sample_decoder`, `LanguageModel.sample`), with `num_samples` = 1 kept as an axis of size 1."""
 
-    tokens: jax.Array  # [..., max_new_tokens] int32; pad after the end (EOS included when emitted)
-    lengths: jax.Array  # [...] int32 generated tokens, EOS included
-    token_log_probs: jax.Array  # [..., max_new_tokens] float32 model log-probs; 0 after the end
-    log_prob: jax.Array  # [...] float32 sum of token_log_probs
+    tokens: jax.Array  # [batch, k, max_new_tokens] int32; pad after the end (EOS included when emitted)
+    lengths: jax.Array  # [batch, k] int32 generated tokens, EOS included
+    token_log_probs: jax.Array  # [batch, k, max_new_tokens] float32 model log-probs; 0 after the end
+    log_prob: jax.Array  # [batch, k] float32 sum of token_log_probs
 
 
 @flax.struct.dataclass
@@ -68,64 +71,97 @@ class _LoopState:
     cache: Cache
 
 
+def repeat_rows(cache: Cache, num_samples: int) -> Cache:
+    """The cache of `batch` prompts -> that of their `num_samples` samples each: every array leaf with a leading
+    (row) axis repeated along it, a prompt's samples on consecutive rows; scalar leaves (a shared write index) kept.
+    `sample`'s default `repeat_cache`."""
+    if num_samples == 1:
+        return cache
+    return jax.tree.map(lambda x: jnp.repeat(x, num_samples, axis=0) if jnp.ndim(x) else x, cache)
+
+
 def sample(tokens_to_logits: TokensToLogits, cache: Cache, prompt: jax.Array, rng: jax.Array, *,
-           max_new_tokens: int, prompt_lengths: jax.Array | None = None, temperature=1.0, top_k=0, top_p=1.0,
-           min_new_tokens=0, eos_id: int | Sequence[int] = 1, pad_id: int = 0, max_top_k: int = 64,
-           first_logits: jax.Array | None = None) -> SampleOutput:
-    """Sample up to `max_new_tokens` tokens after each prompt row; a pure, jittable function.
+           max_new_tokens: int, eos_id: int | Sequence[int], pad_id: int, num_samples: int = 1,
+           prompt_lengths: jax.Array | None = None, temperature=1.0, top_k=0, top_p=1.0, min_new_tokens=0,
+           max_top_k: int = 64, first_logits: jax.Array | None = None,
+           repeat_cache: Callable[[Cache, int], Cache] = repeat_rows) -> SampleOutput:
+    """Sample `num_samples` continuations of up to `max_new_tokens` tokens after each prompt row; a pure, jittable
+    function returning `[batch, num_samples, ...]` leaves (see `SampleOutput`).
+
+    The K samples of a prompt are K rows of one loop over n = batch * K rows, consecutive (rows i*K .. i*K+K-1
+    belong to prompt i): `sample` repeats the prompt, `prompt_lengths`, `first_logits` and (with `repeat_cache`)
+    the cache itself, so the caller builds them for the `batch` prompts.
 
     Args:
       tokens_to_logits: one decoder step. Called with the current input tokens `[n]` int32, their position `index`
-        (scalar int32, 0 for `prompt[:, 0]`) and the cache; returns next-token logits `[n, vocab]` and the cache.
-      cache: initial cache; it must hold `prompt.shape[1] + max_new_tokens - 1` positions.
-      prompt: `[n, P]` int32 decoder inputs fed before sampling starts: `[start_token]` for T5, the prompt for an
-        LM (right-padded when `prompt_lengths` is given). Position 0 is fed first.
+        (scalar int32, 0 for `prompt[:, 0]`) and the cache of the n rows; returns next-token logits `[n, vocab]`
+        and the cache.
+      cache: initial cache of the `batch` prompts; once repeated it must hold `P + max_new_tokens - 1` positions.
+      prompt: `[batch, P]` int32 decoder inputs fed before sampling starts: `[start_token]` for T5, the prompt for
+        an LM (right-padded when `prompt_lengths` is given). Position 0 is fed first.
       rng: PRNG key; the same key gives the same samples.
       max_new_tokens: static length of the output.
-      prompt_lengths: `[n]` int32 (each >= 1) valid prompt tokens per row; None means all P.
+      eos_id: the end token id, or several (a row ends at any of them; `()`: rows end at max_new_tokens). Required:
+        a vocabulary's own ids, never a family's default.
+      pad_id: the id written after a row's end. Required, as eos_id.
+      num_samples: static K, samples per prompt (>= 1).
+      prompt_lengths: `[batch]` int32 valid prompt tokens per row, each in [1, P]; None means all P. Checked when
+        given as concrete values (host arrays or lists); traced values are the caller's to keep in range.
       temperature: 0 means greedy (argmax); otherwise logits are divided by it before top-k / top-p.
       top_k: 0 disables; else keep the k most likely tokens (at most max_top_k).
       top_p: 1 disables; else keep the smallest most-likely set whose probability reaches top_p (the top token is
         always kept). With top_k > 0 the nucleus is taken within the renormalised top-k set.
       min_new_tokens: EOS cannot be among the first `min_new_tokens` generated tokens.
-      eos_id: the end token id, or several (a row ends at any of them; none: rows end at max_new_tokens).
-      pad_id: the id written after a row's end.
       max_top_k: static bound of top_k (see the module docstring).
-      first_logits: `[n, vocab]` logits after the whole prompt, from a prefill that already wrote all P prompt
+      first_logits: `[batch, vocab]` logits after the whole prompt, from a prefill that already wrote all P prompt
         positions into `cache` (a prompt whose rows are shorter is left-padded by the caller; `prompt_lengths` must
         be None). Sampling then starts from them and feeds only generated tokens, the first at index P; the prompt
         serves for its shape. Each step draws with the key of the same step of the prompt-feeding path.
+      repeat_cache: `(cache of the batch prompts, K) -> cache of the n rows`; `repeat_rows` (the default) copies
+        every row K times. A model whose K samples can read one copy of the prompt's keys and values passes its own
+        (`models.decoder.share_prompt`).
 
     Returns:
-      SampleOutput with `[n, ...]` leaves.
+      SampleOutput with `[batch, num_samples, ...]` leaves.
 
     Worked example (greedy; a model whose next token is always `input + 1`; eos_id=5, max_new_tokens=4):
-      prompt [[2]]          -> tokens [[3, 4, 5, 0]], lengths [3]    (EOS emitted, then padding)
-      prompt [[7]]          -> tokens [[8, 9, 10, 11]], lengths [4]  (max_new_tokens reached)
+      prompt [[2]]          -> tokens [[[3, 4, 5, 0]]], lengths [[3]]    (EOS emitted, then padding)
+      prompt [[7]]          -> tokens [[[8, 9, 10, 11]]], lengths [[4]]  (max_new_tokens reached)
       prompt [[7, 3]], prompt_lengths [2]
-                            -> inputs fed: 7, 3 (forced, not 8), 4;  tokens [[4, 5, 0, 0]], lengths [2]
+                            -> inputs fed: 7, 3 (forced, not 8), 4;  tokens [[[4, 5, 0, 0]]], lengths [[2]]
       prompt [[7, 3]], first_logits predicting 4
-                            -> inputs fed: 4;  tokens [[4, 5, 0, 0]], lengths [2]
+                            -> inputs fed: 4;  tokens [[[4, 5, 0, 0]]], lengths [[2]]
       prompt [[2]], min_new_tokens=3 on a model that prefers EOS, then 7
-                            -> tokens [[7, 7, 7, 5]], lengths [4]
+                            -> tokens [[[7, 7, 7, 5]]], lengths [[4]]
+      prompt [[2]], num_samples=2 -> tokens [[[3, 4, 5, 0], [3, 4, 5, 0]]] (greedy samples agree)
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if max_top_k < 1:
         raise ValueError(f"max_top_k must be >= 1, got {max_top_k}")
+    if not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
+        raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
     _check_top_k(top_k, max_top_k)
     prompt = jnp.asarray(prompt, jnp.int32)
     if prompt.ndim != 2 or prompt.shape[1] < 1:
-        raise ValueError(f"prompt must be [n, P] with P >= 1 (start token for T5), got shape {prompt.shape}")
-    n, prompt_len = prompt.shape
-    if first_logits is not None and (prompt_lengths is not None or first_logits.shape[0] != n):
-        raise ValueError(f"first_logits [n={n}, vocab] comes after the whole prompt: left-pad it and pass "
+        raise ValueError(f"prompt must be [batch, P] with P >= 1 (start token for T5), got shape {prompt.shape}")
+    batch, prompt_len = prompt.shape
+    if first_logits is not None and (prompt_lengths is not None or first_logits.shape[0] != batch):
+        raise ValueError(f"first_logits [batch={batch}, vocab] comes after the whole prompt: left-pad it and pass "
                          f"prompt_lengths=None (got first_logits of shape {first_logits.shape})")
+    if prompt_lengths is not None:
+        _check_prompt_lengths(prompt_lengths, batch, prompt_len)
     knobs = dict(temperature=jnp.asarray(temperature, jnp.float32), top_k=jnp.asarray(top_k, jnp.int32),
                  top_p=jnp.asarray(top_p, jnp.float32), eos_ids=tuple(np.atleast_1d(eos_id).tolist()),
                  max_top_k=max_top_k)
     min_new_tokens = jnp.asarray(min_new_tokens, jnp.int32)
-    lengths = None if prompt_lengths is None else jnp.asarray(prompt_lengths, jnp.int32)  # [n]
+    # A prompt's samples are consecutive rows of the loop's n = batch * num_samples.
+    n = batch * num_samples
+    prompt = jnp.repeat(prompt, num_samples, axis=0)  # [n, P]
+    lengths = None if prompt_lengths is None else jnp.repeat(jnp.asarray(prompt_lengths, jnp.int32), num_samples)
+    if first_logits is not None:
+        first_logits = jnp.repeat(first_logits, num_samples, axis=0)  # [n, vocab]
+    cache = repeat_cache(cache, num_samples)
     forcing = prompt_len > 1 and first_logits is None
     rows = jnp.arange(n)
 
@@ -173,8 +209,24 @@ def sample(tokens_to_logits: TokensToLogits, cache: Cache, prompt: jax.Array, rn
     if first_logits is not None:
         init = advance(init, first_logits)
     final = jax.lax.while_loop(cond, body, init)
-    return SampleOutput(tokens=final.tokens, lengths=final.num_new, token_log_probs=final.log_probs,
-                        log_prob=final.log_probs.sum(-1))
+    out = SampleOutput(tokens=final.tokens, lengths=final.num_new, token_log_probs=final.log_probs,
+                       log_prob=final.log_probs.sum(-1))
+    return jax.tree.map(lambda x: x.reshape(batch, num_samples, *x.shape[1:]), out)
+
+
+def _check_prompt_lengths(prompt_lengths, batch: int, width: int) -> None:
+    """Raises unless `prompt_lengths` has shape [batch] and, when concrete, every entry lies in [1, width]."""
+    if np.shape(prompt_lengths) != (batch,):
+        raise ValueError(f"prompt_lengths must have shape [batch={batch}], got {np.shape(prompt_lengths)}")
+    try:
+        values = np.asarray(prompt_lengths)
+    except jax.errors.TracerArrayConversionError:  # traced (inside jit): not checked
+        return
+    if values.size and (values.min() < 1 or values.max() > width):
+        raise ValueError(f"prompt_lengths must each be in [1, {width}] (the prompt's width; a row needs at least "
+                         f"one token, its start token for T5), got {values.tolist()}")
+
+
 
 
 def _check_top_k(top_k, max_top_k: int) -> None:

@@ -1,8 +1,7 @@
-"""A language model of either family with its tokenizer, as a batched text -> text function, and what a run
-directory says about itself.
+"""A language model of either family with its tokenizer, as a batched text -> text function.
 
 `TextModel` pads prompts to fixed batch and length buckets so the jitted sampler compiles a handful of times per run;
-`load_text_model` reads a finished training stage's export; `RunInfo` reads a run's saved config and tokenizer.
+`load_text_model` reads a finished training stage's export.
 """
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ from refiner_jax import sampling
 from refiner_jax.models.language_model import LanguageModel, config_from_dict
 from refiner_jax.models.decoder_config import DecoderConfig
 from refiner_jax.models.t5_config import T5Config
-from refiner_jax.tasks.base import Task
-from refiner_jax.tokenizers import Tokenizer, load_tokenizer
+from refiner_jax.tokenizers import Tokenizer
 
 
 @dataclasses.dataclass
@@ -136,22 +134,3 @@ def load_text_model(stage_dir: str, tokenizer: Tokenizer, max_input: int, max_ou
     config = config_from_dict(metadata.get("family", "t5"), metadata["model_config"])
     return TextModel(config, params, tokenizer, max_input, max_output, bucket, batch_size, mesh)
 
-
-@dataclasses.dataclass
-class RunInfo:
-    """What a run directory says about itself: its config (`runs.run_config.load`, defaults filled) and tokenizer."""
-
-    workdir: str
-    config: Any
-
-    @property
-    def lengths(self) -> dict:
-        return self.config["lengths"]
-
-    def tokenizer(self) -> Tokenizer:
-        return load_tokenizer(os.path.join(self.workdir, "tokenizer"))
-
-    def task(self) -> Task:
-        from refiner_jax.tasks import get_task
-
-        return get_task(self.config["task"]["name"], **dict(self.config["task"]["options"]))

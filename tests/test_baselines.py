@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 from test_evaluate import EXAMPLES, ScriptedCritic, ToyGenerator, ToyTask
 
-from refiner_jax import text_model
 from refiner_jax.refiner import baselines, critics, evaluation
-from refiner_jax.runs import refiner_eval, results as results_lib, run_config, seed_pool
+from refiner_jax.runs import refiner_eval, results as results_lib, run_config, run_info, seed_pool
 
 
 def test_rerank_picks_each_problems_most_likely_sample():
@@ -80,7 +79,7 @@ def test_per_problem_scores_are_written_beside_the_table_for_pooling(tmp_path):
 
 def test_critic_alone_only_for_a_critic_that_solves(tmp_path, monkeypatch):
     config = run_config.base_config()
-    run = text_model.RunInfo(str(tmp_path), config)  # no matched stage: that row is left out
+    run = run_info.RunInfo(str(tmp_path), config)  # no matched stage: that row is left out
 
     class Model:  # a critic's model: answers every problem with its gold, or the same formula again
         def generate_with_log_probs(self, texts, num_samples=1, **_):

@@ -1,7 +1,7 @@
 """The benchmarks' own arithmetic (XLA's FLOP count behind MFU and GFLOP/s) against a hand count, the accelerator
 benchmark run end to end at its tiny size on the CPU, in float32 so that its two sides' first losses can be held to
-float32 rounding, and the sampling benchmark's JSON at a tiny size (timings are the benchmarks' output and are not
-checked)."""
+float32 rounding, the sampling benchmark's JSON at a tiny size (timings are the benchmarks' output and are not
+checked), and the one-line error of the benchmarks that need torch where it is missing."""
 import json
 import math
 import os
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # the launch scripts are not installed
+sys.path.insert(0, ROOT)  # the benchmark scripts are not installed
 
-from launch import bench_support  # noqa: E402
+from benchmarks import bench_support  # noqa: E402
 
 
 def test_train_flops_of_a_dense_layer_is_its_two_products():
@@ -36,7 +36,7 @@ def test_train_flops_of_a_dense_layer_is_its_two_products():
 def test_accel_bench_runs_at_tiny_size_on_cpu(tmp_path):
     out = tmp_path / "accel.json"
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "bench_accel.py"), "--size", "tiny",
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_accel.py"), "--size", "tiny",
                            "--dtype", "float32", "--steps", "1", "--sample-repeats", "1", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -72,9 +72,9 @@ def test_sample_bench_times_the_shared_prompt_cache_and_records_the_decode_produ
     """`bench.py sample` on gpt2-tiny at a tiny size, top-p only, with YNNPACK products: the JSON names the choice,
     and the decoder-only side is timed with and without `share_prompt_cache`, both generating every token."""
     pytest.importorskip("torch")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "bench.py"), "sample", "--preset", "gpt2-tiny",
-                           "--scenarios", "top_p", "--repeats", "1", "--prompt-len", "8", "--new-tokens", "4",
-                           "--host-devices", "1", "--decode-products", "ynnpack"],
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench.py"), "sample", "--preset",
+                           "gpt2-tiny", "--scenarios", "top_p", "--repeats", "1", "--prompt-len", "8",
+                           "--new-tokens", "4", "--host-devices", "1", "--decode-products", "ynnpack"],
                           cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -87,6 +87,21 @@ def test_sample_bench_times_the_shared_prompt_cache_and_records_the_decode_produ
         rate = generated / top_p[f"{side}_s"]
         assert abs(top_p[f"{side}_tokens_per_s"] - rate) <= 0.05 + rate * 5e-5 / top_p[f"{side}_s"], (side, top_p)
     assert top_p["speedup_shared_prompt"] > 0 and top_p["ours_shared_prompt_compile_s"] >= 0
+
+
+@pytest.mark.parametrize("command", ["sample", "train"])
+def test_bench_without_torch_says_which_extra_to_install(command, tmp_path):
+    """With torch unimportable (a `sitecustomize` that blocks it, kept across the bench's malloc restart), `bench.py
+    sample` / `train` exit with status 2 and one line naming the test extra, not a traceback."""
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None  # import torch fails\n")
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench.py"), command, "--preset", "tiny"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stdout == ""
+    assert proc.stderr.strip() == (f"error: bench.py {command} compares against transformers' PyTorch models and "
+                                   "needs torch; install the test extra: pip install -e '.[test]'")
 
 
 def test_decode_products_choice_sets_the_samplers_compile_options(monkeypatch):

@@ -7,9 +7,9 @@ import pytest
 
 from refiner_jax import text_model
 from refiner_jax.refiner import critic_tool, critics
-from refiner_jax.runs import refiner_eval
+from refiner_jax.runs import refiner_eval, run_info
 from refiner_jax.tasks import get_task
-from refiner_jax.tasks.base import NO_HINT, Example, feedback_matches
+from refiner_jax.tasks.base import NO_HINT, Example, Task, feedback_matches
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +91,9 @@ def test_a_critic_that_can_be_asked_explains_the_located_step(tmp_path, mwp):
     assert "located_feedback" not in first and second["located_feedback"] == "The operator in #0 is incorrect."
 
 
+GOOD = '{"question": "q number0", "hypothesis": "number0"}'  # a readable MWP record
+
+
 @pytest.mark.parametrize("line, expected", [
     ('{"question": "q", "hypothesis": "h"', r":2: not valid JSON"),
     ('["question", "hypothesis"]', r":2: got a JSON list"),
@@ -98,33 +101,79 @@ def test_a_critic_that_can_be_asked_explains_the_located_step(tmp_path, mwp):
     ('{"question": 3, "hypothesis": "h"}', r":2: \"question\" must be a string, got int"),
 ])
 def test_malformed_lines_name_line_and_format(tmp_path, mwp, line, expected):
-    """A bad line is reported, naming the file, its line and the format, and skipped; the good lines are written."""
+    """A bad line is reported, naming the file, its line and the format, and not judged: the output keeps it in its
+    place with an "error" field instead of "feedback"; one summary line counts it."""
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    _write(src, ['{"question": "q", "hypothesis": "h"}', line])
+    _write(src, [GOOD, line])
     warned = []
     result = critic_tool.run_tool(RecordingCritic(mwp), mwp, str(src), str(dst), warn=warned.append)
     [problem] = result.problems
     assert re.search(expected, problem) and str(src) in problem
     assert "question" in problem and "hypothesis" in problem
-    assert warned == [f"skipped {problem}"]
-    assert [json.loads(x)["question"] for x in dst.read_text().splitlines()] == ["q"]
+    assert result.written == 1
+    [summary] = warned
+    assert summary.startswith(f"1 of 2 records of {src} could not be read") and problem in summary
+    good, bad = (json.loads(x) for x in dst.read_text().splitlines())
+    assert good == {**json.loads(GOOD), "feedback": NO_HINT}
+    assert bad["line"] == 2 and bad["error"] == problem and "feedback" not in bad
     _write(src, [line])  # nothing usable: an error, and nothing written
     with pytest.raises(critic_tool.CriticInputError, match=expected.replace(":2:", ":1:")):
         critic_tool.run_tool(RecordingCritic(mwp), mwp, str(src), str(tmp_path / "none.jsonl"))
     assert not (tmp_path / "none.jsonl").exists()
 
 
+def test_hypotheses_the_task_cannot_parse_are_not_judged(tmp_path, mwp):
+    """Plain text is no MWP equation, and an equation over numbers the question does not hold (raw digits in the
+    question) cannot be read against it: both get an "error" naming the format, and the critic never sees them."""
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(src, [json.dumps({"id": "plain", "question": "Tom has number0 apples and buys number1 .",
+                             "hypothesis": "5 + 3 = 8"}),
+                 json.dumps({"id": "digits", "question": "Tom has 5 apples and buys 3 .",
+                             "hypothesis": "#0: add ( number0, number1 )"}),
+                 json.dumps({"id": "ok", "question": "Tom has number0 apples and buys number1 .",
+                             "hypothesis": "#0: add ( number0, number1 )"})])
+    critic, warned = RecordingCritic(mwp), []
+    result = critic_tool.run_tool(critic, mwp, str(src), str(dst), warn=warned.append)
+    assert [e.uid for e in critic.examples] == ["ok"] and result.written == 1
+    plain, digits, ok = (json.loads(line) for line in dst.read_text().splitlines())
+    assert "not an equation of the mwp task" in plain["error"] and '"#0: add ( number0, number1 )"' in plain["error"]
+    assert "number0, number1, which the question does not hold" in digits["error"]
+    assert (plain["line"], digits["line"]) == (1, 2) and "feedback" not in plain and ok["feedback"] == NO_HINT
+    assert len(warned) == 1 and warned[0].startswith("2 of 3 records")
+
+
+def test_the_documented_example_record_is_readable(mwp):
+    example = critic_tool.record_format("mwp").example
+    assert critic_tool.record_problem(mwp, example, "help:1") is None
+    assert critic_tool.record_problem(mwp, {**example, "hypothesis": "he has 8 apples"}, "help:1") is not None
+
+
+def test_a_critic_without_its_calibration_is_refused(tmp_path):
+    """An uncalibrated critic criticises right hypotheses: the tool needs the run's calibration or a --threshold."""
+    with pytest.raises(FileNotFoundError, match="no trained critic yet"):
+        critic_tool.calibrated_threshold(str(tmp_path))
+    (tmp_path / "critic" / "export").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"calibration.json is missing: .*--stages=eval.*--threshold"):
+        critic_tool.calibrated_threshold(str(tmp_path))
+    assert critic_tool.calibrated_threshold(str(tmp_path), -0.5) == -0.5
+    (tmp_path / "critic" / critics.CALIBRATION_FILE).write_text(json.dumps({"threshold": -1.25}))
+    assert critic_tool.calibrated_threshold(str(tmp_path)) == -1.25
+    assert critic_tool.calibrated_threshold(str(tmp_path), 0.0) == 0.0  # an explicit one wins
+
+
 def test_bad_bytes_and_empty_files(tmp_path, mwp):
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_bytes(b'{"question": "caf\xe9", "hypothesis": "h"}\n'
-                    b'{"question": "ok \\ud83d\\ude00", "hypothesis": "h"}\n'
+                    b'{"question": "ok \\ud83d\\ude00 number0", "hypothesis": "number0"}\n'
                     b'{"question": "q"}\n{"question": "\\ud800", "hypothesis": "h"}\n')
     result = critic_tool.run_tool(RecordingCritic(mwp), mwp, str(src), str(dst), warn=lambda m: None)
     assert result.written == 1 and [p.split(": ")[0] for p in result.problems] == [f"{src}:1", f"{src}:3",
                                                                                   f"{src}:4"]
     assert "not UTF-8 text (byte 0xe9" in result.problems[0] and '"hypothesis"' in result.problems[1]
     assert "unpaired surrogate" in result.problems[2]
-    assert json.loads(dst.read_text(encoding="utf-8"))["question"] == "ok \U0001F600"  # a paired one is text
+    out = [json.loads(line) for line in dst.read_text(encoding="utf-8").splitlines()]
+    assert [r.get("line") for r in out] == [1, None, 3, 4]
+    assert out[1]["question"] == "ok \U0001F600 number0"  # a paired one is text
     src.write_text("\n\n")
     with pytest.raises(critic_tool.CriticInputError, match="in.jsonl: no records"):
         critic_tool.run_tool(RecordingCritic(mwp), mwp, str(src), str(dst))
@@ -185,7 +234,7 @@ def test_custom_demonstrations(tmp_path):
 
 def test_a_critic_that_skips_records_is_an_error(tmp_path, mwp):
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    _write(src, [json.dumps({"question": f"q{i}", "hypothesis": "h"}) for i in range(3)])
+    _write(src, [json.dumps({"question": f"q{i} number0", "hypothesis": "number0"}) for i in range(3)])
     one = critics.CallableCritic(lambda examples, hypotheses: [NO_HINT])
     with pytest.raises(ValueError, match="returned 1 feedback texts for 3 records"):
         critic_tool.run_tool(one, mwp, str(src), str(dst))
@@ -248,7 +297,7 @@ class FixingGenerator:
         return out
 
 
-class ScoreTask:
+class ScoreTask(Task):
     name = "toy"
     primary_metric = "em"
 
@@ -324,7 +373,7 @@ def test_interactive_session_loads_a_run_directory(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text(config.to_json())
     for stage in ("warmup", "refiner", "critic"):
         (tmp_path / stage / "export").mkdir(parents=True)
-    monkeypatch.setattr(text_model.RunInfo, "tokenizer", lambda self: None)
+    monkeypatch.setattr(run_info.RunInfo, "tokenizer", lambda self: None)
     test = get_task("mwp", **config.task.options).load("test")
     loaded = []
 
@@ -358,10 +407,12 @@ def test_run_tool_skips_records_without_the_gold_field_and_writes_atomically(tmp
     dst.write_text("earlier results\n")
     result = critic_tool.run_tool(RecordingCritic(moral), moral, str(src), str(dst), warn=lambda m: None)
     assert result.written == 1 and ":2: task 'moral_stories'" in result.problems[0]
-    assert [json.loads(x)["y"] for x in dst.read_text().splitlines()] == ["a"]
+    judged, unread = (json.loads(x) for x in dst.read_text().splitlines())
+    assert judged["y"] == "a" and "feedback" in judged
+    assert unread == {"question": "s", "hypothesis": "h", "line": 2, "error": result.problems[0]}
     failing = critics.CallableCritic(lambda examples, hypotheses: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         critic_tool.run_tool(failing, moral, str(src), str(dst), warn=lambda m: None)
     # a failed run leaves the earlier output whole, and no temp file behind
-    assert [json.loads(x)["y"] for x in dst.read_text().splitlines()] == ["a"]
+    assert [json.loads(x).get("y") for x in dst.read_text().splitlines()] == ["a", None]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]

@@ -159,6 +159,10 @@ def test_feed_forward_block_matches_transformers(family):
 
 @pytest.mark.parametrize("padding", ["left", "right"])
 def test_cached_decoding_matches_transformers(family, padding):
+    check_cached_decoding(family, padding)
+
+
+def check_cached_decoding(family, padding):
     """prefill + decode_step, prompts of different lengths in one batch, == transformers' full forward pass."""
     config = family.config
     tokens, mask = _prompts(config.vocab_size, (7, 3, 5), padding, seed=1)

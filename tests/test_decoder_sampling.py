@@ -187,7 +187,7 @@ def test_first_logits_continue_the_prompt_feeding_path_step_for_step():
 
     @jax.jit
     def both(temperature):
-        kwargs = dict(max_new_tokens=7, temperature=temperature, top_p=0.9, eos_id=(3, 11))
+        kwargs = dict(max_new_tokens=7, temperature=temperature, top_p=0.9, eos_id=(3, 11), pad_id=0)
         fed = sampling.sample(model, None, prompt, jax.random.key(5), **kwargs)
         started = sampling.sample(model, None, prompt, jax.random.key(5), first_logits=first_logits, **kwargs)
         return fed, started
@@ -199,7 +199,7 @@ def test_first_logits_continue_the_prompt_feeding_path_step_for_step():
     assert (np.asarray(fed.lengths) < 7).any()  # some rows end at one of the two EOS ids
     with pytest.raises(ValueError, match="first_logits"):
         sampling.sample(model, None, prompt, jax.random.key(0), max_new_tokens=2, first_logits=first_logits,
-                        prompt_lengths=jnp.full((6,), 5))
+                        prompt_lengths=jnp.full((6,), 5), eos_id=(3, 11), pad_id=0)
 
 
 def _random_params(config, seed: int = 0) -> dict:
@@ -229,9 +229,9 @@ def test_prefill_equals_feeding_the_prompt_token_by_token():
     for tokens, mask in ((left, left_mask), (right, right_mask)):
         out = sample_decoder(params, tokens, jax.random.key(0), config=TINY, max_new_tokens=MAX_NEW,
                              temperature=0.0, prompt_mask=mask)
-        np.testing.assert_array_equal(out.tokens[:, 0], fed.tokens)
-        np.testing.assert_array_equal(out.lengths[:, 0], fed.lengths)
-        assert_f32_close(out.token_log_probs[:, 0], fed.token_log_probs, ulps=NETWORK,
+        np.testing.assert_array_equal(out.tokens, fed.tokens)  # both [batch, 1, MAX_NEW]
+        np.testing.assert_array_equal(out.lengths, fed.lengths)
+        assert_f32_close(out.token_log_probs, fed.token_log_probs, ulps=NETWORK,
                          what="prefilled vs token-by-token log-probs")
     assert (np.asarray(fed.lengths) < MAX_NEW).any()  # EOS (one of two ids) ends some rows
 

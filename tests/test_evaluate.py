@@ -15,9 +15,9 @@ from _tolerance import NETWORK, assert_f32_close
 
 from refiner_jax import stats, text_model
 from refiner_jax.refiner import critics, evaluation, feedback_loop
-from refiner_jax.runs import refiner_eval
+from refiner_jax.runs import refiner_eval, run_info
 from refiner_jax.tasks import get_task
-from refiner_jax.tasks.base import NO_HINT, Example, Feedback, StepError
+from refiner_jax.tasks.base import NO_HINT, Example, Feedback, StepError, Task
 
 EXAMPLES = [Example(uid=str(i), x=f"q{i}", z=f"g{i}", y="") for i in range(4)]
 INITIAL = {"q0": "g0", "q1": "bad1", "q2": "bad2", "q3": "g3"}
@@ -27,7 +27,7 @@ CRITIC_SCRIPT = {("0", "g0"): "Change it.", ("1", "bad1"): "Use g1.", ("1", "w1"
 _REFINE = re.compile(r"^(q\d+) Previous Answer: (.*) Feedback: (.*)$")
 
 
-class ToyTask:
+class ToyTask(Task):
     name = "toy"
     error_kinds = ("wrong",)
     primary_metric = "em"
@@ -355,7 +355,7 @@ def test_evaluate_run_writes_reports(tmp_path, monkeypatch):
     (workdir / "critic" / "DONE").write_text(json.dumps({"best_step": 10, "feedback_em": 0.9}))
     (workdir / "config.json").write_text(json.dumps(config))
     (workdir / "metrics.jsonl").write_text(json.dumps({"stage": "critic", "step": 5, "loss": 2.0}) + "\n")
-    monkeypatch.setattr(text_model.RunInfo, "tokenizer", lambda self: None)
+    monkeypatch.setattr(run_info.RunInfo, "tokenizer", lambda self: None)
     loaded = []
 
     def fake_load(stage_dir, tokenizer, max_input, max_output, bucket=16, batch_size=64, mesh=None):
@@ -368,12 +368,15 @@ def test_evaluate_run_writes_reports(tmp_path, monkeypatch):
     rows = {r["key"]: r["metrics"]["equation_em_canonical"]["mean"] for r in results["rows"]}
     # Problems 0, 2, 4 right at turn 0; the critic never objects; the oracle gets the other two fixed. The paper's
     # feedback critic cannot solve, so there is no critic-alone row; the matched generator and the best of the
-    # generator's (identical) samples answer like the generator.
+    # generator's (identical) samples answer like the generator, and the matched generator with each critic like
+    # the generator with it.
     assert rows == {"generator": 0.6, "critic_t1": 0.6, "critic": 0.6, "oracle": 1.0, "generator_matched": 0.6,
-                    "generator_rerank": 0.6}
+                    "generator_matched_critic": 0.6, "generator_matched_oracle": 1.0, "generator_rerank": 0.6}
     oracle = next(r for r in results["rows"] if r["key"] == "oracle")
-    assert set(oracle["gain_vs"]) == {"generator_matched", "generator_rerank"}
+    assert set(oracle["gain_vs"]) == {"generator_matched", "generator_matched_critic", "generator_matched_oracle",
+                                      "generator_rerank"}
     assert oracle["gain_vs"]["generator_rerank"]["mean"] == pytest.approx(0.4)
+    assert oracle["gain_vs"]["generator_matched_oracle"]["mean"] == pytest.approx(0.0)
     assert [(r["epsilon"], r["mean"]) for r in results["noise"]["rows"]][0] == (0.0, 1.0)
     assert results["training"] == {"critic": {"best_step": 10, "feedback_em": 0.9}}
     out = workdir / "eval"
@@ -381,7 +384,9 @@ def test_evaluate_run_writes_reports(tmp_path, monkeypatch):
         assert (out / name).is_file(), name
     report = (out / "results.md").read_text()
     assert "| + oracle critic (T=2) | 100.0 [100.0, 100.0] |" in report
-    assert "| Δ vs `generator_matched` | Δ vs `generator_rerank` |" in report
+    assert ("| Δ vs `generator_matched` | Δ vs `generator_matched_critic` | Δ vs `generator_matched_oracle` | "
+            "Δ vs `generator_rerank` |") in report
+    assert "| Matched generator + oracle critic (T=2) | 100.0 [100.0, 100.0] |" in report
     saved = json.loads((out / "results.json").read_text())
     assert saved["rows"][3]["gain_vs"]["generator_matched"]["mean"] == pytest.approx(0.4)
     with pytest.raises(ValueError, match="examples=0: evaluate at least one test problem"):

@@ -63,6 +63,10 @@ def test_joint_run_on_tiny_runs(tmp_path):
     assert gated.startswith(f"PRM rerank, {extra} more samples") and 0 <= extra <= 2
     assert extra == 2 or rows[gated]["tokens_per_problem"] >= rows[full]["tokens_per_problem"]
     assert os.path.getsize(tmp_path / "joint" / "joint" / "tokens.png") > 1000
+    # The trained stages of both runs it used, each with its validation curve (4 fixed steps, validated every 2).
+    assert set(saved["convergence"]) == {"refiner/warmup", "refiner/critic", "reward/sft", "reward/prm"}
+    assert all(not c["stopped_early"] and c["last_step"] == 4 for c in saved["convergence"].values())
+    assert os.path.getsize(tmp_path / "joint" / "joint" / "convergence.png") > 1000
     markdown = open(tmp_path / "joint" / "joint" / "results.md").read()
     assert "locate + explain + revise + rerank" in markdown and "What the revisions did" in markdown
     # Every revising variant's counts: nested ones bounded by what they count within, and the fixed / broken of its

@@ -121,6 +121,8 @@ def test_a_relative_data_dir_is_recorded_absolute(tmp_path, monkeypatch):
     assert c.task.data_dir == str(tmp_path / "svamp_csvs")
     old = json.loads(c.to_json())
     old["task"]["data_dir"] = "svamp_csvs"
+    assert not (tmp_path / "run").exists()  # the missing data stopped the run before its workdir was made
+    (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.json").write_text(json.dumps(old))
     assert run_setup._check_workdir_config(str(tmp_path / "run"), c) is True
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from refiner_jax.sampling import sample
 
-VOCAB, DIM, EOS = 32, 16, 1
+VOCAB, DIM, EOS, PAD = 32, 16, 1, 0
 
 
 def init_params(key):
@@ -26,24 +26,24 @@ def step(params, tokens, index, cache):
     return logits, cache
 
 
-@functools.partial(jax.jit, static_argnames="max_new_tokens")
-def generate(params, prompt, prompt_lengths, rng, temperature, top_p, max_new_tokens=12):
+@functools.partial(jax.jit, static_argnames=("max_new_tokens", "num_samples"))
+def generate(params, prompt, prompt_lengths, rng, temperature, top_p, max_new_tokens=12, num_samples=4):
     # Params are jit arguments (not constants baked into the program); temperature / top_p are traced,
     # so new values reuse the compiled program.
-    def tokens_to_logits(tokens, index, cache):  # tokens [n] int32, index: scalar position of `tokens`
+    def tokens_to_logits(tokens, index, cache):  # tokens [n] int32 (n = batch * num_samples), index: their position
         return step(params, tokens, index, cache)
 
-    cache = jnp.zeros((prompt.shape[0], DIM))
-    return sample(tokens_to_logits, cache, prompt, rng, max_new_tokens=max_new_tokens,
-                  prompt_lengths=prompt_lengths, temperature=temperature, top_p=top_p, eos_id=EOS)
+    cache = jnp.zeros((prompt.shape[0], DIM))  # one row per prompt: `sample` repeats it for the samples
+    return sample(tokens_to_logits, cache, prompt, rng, max_new_tokens=max_new_tokens, num_samples=num_samples,
+                  prompt_lengths=prompt_lengths, temperature=temperature, top_p=top_p, eos_id=EOS, pad_id=PAD)
 
 
 params = init_params(jax.random.key(0))
 prompt = jnp.array([[5, 9, 3], [7, 0, 0]])  # right-padded prompts: row 1 has a single token
 lengths = jnp.array([3, 1])
 out = generate(params, prompt, lengths, jax.random.key(1), 0.8, 0.9)
-print(out.tokens)  # [2, 12] generated tokens, 0 after EOS
-print(out.lengths, out.log_prob)  # tokens generated (EOS included); their summed model log-probs
+print(out.tokens.shape)  # (2, 4, 12): 4 samples of each prompt, PAD after EOS
+print(out.lengths, out.log_prob)  # [2, 4]: tokens generated (EOS included); their summed model log-probs
 greedy = generate(params, prompt, lengths, jax.random.key(1), 0.0, 1.0)  # temperature 0: argmax
 '''
 
@@ -52,8 +52,8 @@ def test_readme_sampler_snippet_runs_and_greedy_matches_a_plain_loop():
     namespace: dict = {}
     exec(compile(SNIPPET, "README-sampler-snippet", "exec"), namespace)
     out, greedy, step, params = namespace["out"], namespace["greedy"], namespace["step"], namespace["params"]
-    assert out.tokens.shape == (2, 12)
-    for row, length in zip(np.asarray(out.tokens), np.asarray(out.lengths)):
+    assert out.tokens.shape == (2, 4, 12) and out.lengths.shape == out.log_prob.shape == (2, 4)
+    for row, length in zip(np.asarray(out.tokens).reshape(8, 12), np.asarray(out.lengths).reshape(8)):
         assert (row[length:] == 0).all() and (row[:length - 1] != 1).all()
     assert namespace["generate"]._cache_size() == 1  # temperature / top_p changed, no recompilation
 
@@ -71,8 +71,9 @@ def test_readme_sampler_snippet_runs_and_greedy_matches_a_plain_loop():
             fed.append(generated[-1])
             if generated[-1] == 1 or len(generated) == 12:
                 break
-        np.testing.assert_array_equal(np.asarray(greedy.tokens[row, :len(generated)]), generated)
-        assert int(greedy.lengths[row]) == len(generated)
+        for k in range(4):  # greedy samples of a prompt agree
+            np.testing.assert_array_equal(np.asarray(greedy.tokens[row, k, :len(generated)]), generated)
+            assert int(greedy.lengths[row, k]) == len(generated)
 
 
 def test_docs_show_this_snippet():

@@ -142,6 +142,10 @@ def test_selection_errors():
         rerank.majority_vote([])
     with pytest.raises(ValueError, match="unknown selection rule"):
         rerank.select("beam", [["a"]])
+    with pytest.raises(ValueError, match="reads the 'prm' scores; none were given"):
+        rerank.select("prm_rerank", [["a"]], {"orm": [[0.5]]})
+    with pytest.raises(ValueError, match="without NaN"):
+        rerank.best_scored([["a", "b"]], [[0.5, np.nan]])
     with pytest.raises(ValueError, match="sample_correct has shape"):
         rerank.majority_vote([["a", "b"]]).outcome([[True, False], [True, True]])
 
@@ -151,11 +155,49 @@ def test_selection_is_fast_at_k96():
     codes = rng.integers(0, 9, size=(1000, 96))
     answers = [[None if c == 8 else int(c) for c in row] for row in codes]
     scores = rng.random((1000, 96))
-    for rule in ("majority_vote", "best_of_k", "weighted_vote"):
+    for rule in rerank.RULES:
         start = time.perf_counter()
-        sel = rerank.select(rule, answers, scores)
-        assert time.perf_counter() - start < 1.0, rule
+        sel = rerank.select(rule.name, answers, {rule.reads: scores})
+        assert time.perf_counter() - start < 1.0, rule.name
         assert sel.index.shape == (1000,)
+
+
+def test_best_scored_keeps_samples_without_an_answer_by_hand():
+    answers = [["a", None, "b"], [None, None, "c"], ["d", "e", None]]
+    scores = [[0.2, 0.9, 0.5],  # the answerless sample 1 scores highest: chosen (best_of_k would take "b")
+              [-np.inf, -np.inf, -np.inf],  # nothing scored: the first sample, confidence -inf
+              [0.4, 0.4, 0.1]]  # a tie goes to the earlier sample
+    sel = rerank.best_scored(answers, scores)
+    assert sel.index.tolist() == [1, 0, 0] and sel.answer == [None, None, "d"]
+    np.testing.assert_array_equal(sel.confidence, [0.9, -np.inf, 0.4])
+    assert rerank.best_of_k(answers, np.where(np.isinf(scores), 0.0, scores)).index.tolist() == [2, 2, 0]
+
+
+def test_weighted_vote_gives_unscored_samples_no_weight():
+    # "a": 0.3 and an unscored sample (-inf -> 0); "b": 0.2. "a" wins 0.3 of 0.5 = 0.6, with its scored sample.
+    sel = rerank.weighted_vote([["a", "a", "b"]], [[-np.inf, 0.3, 0.2]])
+    assert sel.index.tolist() == [1] and sel.answer == ["a"]
+    np.testing.assert_allclose(sel.confidence, [0.6])
+
+
+def test_rule_rows_come_from_the_registry_in_its_order(monkeypatch):
+    answers = [["a", "b", "a"], ["c", None, "d"]]
+    orm, prm = np.array([[0.1, 0.8, 0.3], [0.6, 0.9, 0.2]]), np.array([[0.7, 0.2, 0.1], [0.1, 0.9, 0.5]])
+    rows = rerank.rule_rows(answers, {"orm": orm, "prm": prm}, k=3)
+    # Majority vote reads the answers alone; the ORM / PRM rules are the rows whose source was given.
+    assert list(rows) == ["SFT majority vote (K=3)", "ORM rerank (K=3)", "PRM rerank (K=3)",
+                          "ORM-weighted vote (K=3)", "PRM-weighted vote (K=3)"]
+    assert rows["ORM rerank (K=3)"].index.tolist() == [1, 0]  # problem 2: sample 1 has no answer
+    assert rows["PRM rerank (K=3)"].index.tolist() == [0, 2]
+    assert rows["SFT majority vote (K=3)"].answer == ["a", "c"]
+    # ORM-weighted: "a" 0.1 + 0.3 = 0.4 vs "b" 0.8 -> "b"; problem 2: "c" 0.6 vs "d" 0.2 -> "c".
+    assert rows["ORM-weighted vote (K=3)"].answer == ["b", "c"]
+    # A rule added to the registry is a row of every table whose run supplies its source.
+    extra = rerank.Rule("orm_first", "ORM first (K={k})", lambda a, s: rerank.greedy(a, s), "orm")
+    monkeypatch.setattr(rerank, "RULES", rerank.RULES + (extra,))
+    assert list(rerank.rule_rows(answers, {"orm": orm}, k=3)) == ["SFT majority vote (K=3)", "ORM rerank (K=3)",
+                                                                  "ORM-weighted vote (K=3)", "ORM first (K=3)"]
+    assert len({r.name for r in rerank.RULES}) == len(rerank.RULES)
 
 
 # ----------------------------------------------------------------------------------------------- metrics

@@ -78,6 +78,10 @@ def test_reward_pipeline_end_to_end_and_resume(tmp_path, capsys):
         assert cell["low"] <= cell["mean"] <= cell["high"]
     md = open(os.path.join(workdir, "results.md")).read()
     assert "| PRM rerank (K=4) |" in md and "Error at 30% abstention" in md
+    # Every trained stage's validation curve and where it stopped (4 fixed steps, validated every 2).
+    assert {"sft", "orm", "prm", "prm_rollouts", "rl_orm_1", "rl_orm_2", "rl_prm_2"} <= set(saved["convergence"])
+    assert [s for s, _ in saved["convergence"]["sft"]["curve"]] == [2, 4]
+    assert os.path.isfile(os.path.join(workdir, "convergence.png")) and "## Convergence" in md
     # The per-problem outcomes behind the table, for pooling seeds: each rule's error is its share of wrong answers.
     outcomes = seed_pool.read_outcomes(workdir)
     assert list(outcomes["rules"]) == list(table) and outcomes["seed"] == c.seed and outcomes["k"] == 4

@@ -45,9 +45,13 @@ def _prefers_eos(tokens, index, cache):
 @functools.partial(jax.jit, static_argnums=0, static_argnames=("max_new_tokens", "max_top_k"))
 def _run(model, prompt, lengths=None, *, max_new_tokens, max_top_k=64, temperature=1.0, top_k=0, top_p=1.0,
          min_new_tokens=0):
-    return sampling.sample(model, jnp.zeros(()), jnp.asarray(prompt, jnp.int32), jax.random.key(0),
-                           max_new_tokens=max_new_tokens, prompt_lengths=lengths, eos_id=EOS, temperature=temperature,
-                           top_k=top_k, top_p=top_p, min_new_tokens=min_new_tokens, max_top_k=max_top_k)
+    """One sample per prompt, its axis dropped: `[batch, 1, ...]` -> `[batch, ...]` leaves."""
+    out = sampling.sample(model, jnp.zeros(()), jnp.asarray(prompt, jnp.int32), jax.random.key(0),
+                          max_new_tokens=max_new_tokens, prompt_lengths=lengths, eos_id=EOS, pad_id=0,
+                          temperature=temperature, top_k=top_k, top_p=top_p, min_new_tokens=min_new_tokens,
+                          max_top_k=max_top_k)
+    assert out.tokens.shape == (len(prompt), 1, max_new_tokens) and out.lengths.shape == (len(prompt), 1)
+    return jax.tree.map(lambda x: x[:, 0], out)
 
 
 def test_greedy_stops_at_eos_pads_after_it_and_stops_at_max_new_tokens():
@@ -91,9 +95,9 @@ def test_log_probs_are_raw_model_log_probs_under_temperature_and_top_p():
     probs = np.array([0.5, 0.3, 0.15, 0.05])
     logits = jnp.log(jnp.asarray(probs, jnp.float32))
     model = lambda t, i, c: (jnp.broadcast_to(logits, (t.shape[0], 4)), c)  # noqa: E731
-    out = sampling.sample(model, None, jnp.zeros((64, 1), jnp.int32), jax.random.key(3), max_new_tokens=3,
-                          temperature=0.7, top_p=0.8, eos_id=3, min_new_tokens=3)
-    tokens = np.asarray(out.tokens)
+    out = sampling.sample(model, None, jnp.zeros((8, 1), jnp.int32), jax.random.key(3), max_new_tokens=3,
+                          num_samples=8, temperature=0.7, top_p=0.8, eos_id=3, pad_id=0, min_new_tokens=3)
+    tokens = np.asarray(out.tokens)  # [8 prompts, 8 samples, 3]
     assert set(np.unique(tokens)) == {0, 1}  # the 0.8-nucleus of probs ** (1 / 0.7) is {0, 1}
     np.testing.assert_allclose(out.token_log_probs, np.log(probs)[tokens], rtol=1e-5)
     np.testing.assert_allclose(out.log_prob, np.log(probs)[tokens].sum(-1), rtol=1e-5)
@@ -114,7 +118,62 @@ def test_temperature_towards_zero_equals_greedy():
 def test_top_k_above_bound_is_an_error():
     with pytest.raises(ValueError, match="max_top_k"):
         sampling.sample(_successor, None, jnp.asarray([[2]]), jax.random.key(0), max_new_tokens=2, top_k=100,
-                        max_top_k=64)
+                        max_top_k=64, eos_id=EOS, pad_id=0)
+
+
+def _offset_successor(tokens, index, cache):
+    """Next token = input + the row's offset held in the cache `[n]` (mod VOCAB): each row reads its own cache."""
+    return jax.nn.one_hot((tokens + cache) % VOCAB, VOCAB) * 10.0, cache
+
+
+def test_num_samples_repeats_prompt_lengths_and_cache_per_prompt():
+    """K samples of each prompt are rows `[batch, K]`: each reads its prompt's cache row and length (hand-worked)."""
+    prompt = jnp.asarray([[7, 3], [2, 9]])
+    # Row 0 (offset 1, length 2): 7 -> forced 3; 3 -> 4 -> 5 = EOS. Row 1 (offset 3, length 1): 2 -> 5 = EOS.
+    out = sampling.sample(_offset_successor, jnp.asarray([1, 3]), prompt, jax.random.key(0), max_new_tokens=4,
+                          num_samples=3, prompt_lengths=np.asarray([2, 1]), temperature=0.0, eos_id=EOS, pad_id=15)
+    np.testing.assert_array_equal(out.tokens, [[[4, 5, 15, 15]] * 3, [[5, 15, 15, 15]] * 3])
+    np.testing.assert_array_equal(out.lengths, [[2] * 3, [1] * 3])
+    assert out.token_log_probs.shape == (2, 3, 4) and out.log_prob.shape == (2, 3)
+    # first_logits [batch, vocab] after the whole prompt are repeated too: row 0 starts at 9, row 1 at 4.
+    first = jax.nn.one_hot(jnp.asarray([9, 4]), VOCAB) * 10.0
+    out = sampling.sample(_offset_successor, jnp.asarray([1, 3]), prompt, jax.random.key(0), max_new_tokens=3,
+                          num_samples=2, first_logits=first, temperature=0.0, eos_id=(), pad_id=0)
+    np.testing.assert_array_equal(out.tokens, [[[9, 10, 11]] * 2, [[4, 7, 10]] * 2])
+
+
+def test_samples_of_a_prompt_are_consecutive_rows_of_one_loop():
+    """`num_samples=K` on `batch` prompts draws what one sample each of the prompts repeated K times (row i*K+j =
+    prompt i) draws with the same key; and the K samples differ."""
+    table = jax.random.normal(jax.random.key(1), (VOCAB, VOCAB)) * 2.0
+    model = lambda t, i, c: (table[t], c)  # noqa: E731
+    prompt = jnp.asarray([[2], [9], [4]])
+    kwargs = dict(max_new_tokens=6, temperature=1.0, top_p=0.95, eos_id=EOS, pad_id=0)
+    grouped = sampling.sample(model, None, prompt, jax.random.key(4), num_samples=5, **kwargs)
+    flat = sampling.sample(model, None, jnp.repeat(prompt, 5, axis=0), jax.random.key(4), **kwargs)
+    for x, y in zip(jax.tree.leaves(grouped), jax.tree.leaves(flat)):
+        np.testing.assert_array_equal(x, np.asarray(y).reshape(x.shape))
+    assert all(len({tuple(s) for s in samples}) > 1 for samples in np.asarray(grouped.tokens))
+
+
+@pytest.mark.parametrize("lengths,match", [([0, 1], r"prompt_lengths must each be in \[1, 2\]"),
+                                           ([1, 3], r"prompt_lengths must each be in \[1, 2\]"),
+                                           ([1, 1, 1], r"prompt_lengths must have shape \[batch=2\]")])
+def test_out_of_range_prompt_lengths_are_an_error(lengths, match):
+    with pytest.raises(ValueError, match=match):
+        sampling.sample(_successor, None, jnp.asarray([[7, 3], [2, 9]]), jax.random.key(0), max_new_tokens=2,
+                        prompt_lengths=np.asarray(lengths), eos_id=EOS, pad_id=0)
+
+
+def test_end_and_pad_ids_are_required_and_num_samples_positive():
+    for missing in ("eos_id", "pad_id"):
+        ids = {"eos_id": EOS, "pad_id": 0}
+        del ids[missing]
+        with pytest.raises(TypeError, match=missing):
+            sampling.sample(_successor, None, jnp.asarray([[2]]), jax.random.key(0), max_new_tokens=2, **ids)
+    with pytest.raises(ValueError, match="num_samples must be an int >= 1"):
+        sampling.sample(_successor, None, jnp.asarray([[2]]), jax.random.key(0), max_new_tokens=2, num_samples=0,
+                        eos_id=EOS, pad_id=0)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -148,9 +207,10 @@ def _reference(probs, temperature, top_k, top_p):
 
 @jax.jit
 def _draw_tokens(logits, key, temperature, top_k, top_p):
+    """DRAWS samples of one prompt (`num_samples`), one token each."""
     model = lambda t, i, c: (jnp.broadcast_to(logits, (t.shape[0], logits.shape[0])), c)  # noqa: E731
-    return sampling.sample(model, None, jnp.zeros((DRAWS, 1), jnp.int32), key, max_new_tokens=1,
-                           temperature=temperature, top_k=top_k, top_p=top_p, eos_id=-1).tokens[:, 0]
+    return sampling.sample(model, None, jnp.zeros((1, 1), jnp.int32), key, max_new_tokens=1, num_samples=DRAWS,
+                           temperature=temperature, top_k=top_k, top_p=top_p, eos_id=(), pad_id=0).tokens[0, :, 0]
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [

@@ -156,10 +156,14 @@ def test_pool_refuses_what_it_cannot_pool(tmp_path):
         seed_pool.pool_seeds([str(tmp_path / "a"), str(tmp_path / "b")])
     with pytest.raises(ValueError, match="at least two"):
         seed_pool.pool_seeds([str(tmp_path / "a")])
+    os.makedirs(tmp_path / "unevaluated")  # a run directory whose evaluation has not run
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "pool_seeds.py"), str(tmp_path / "a"),
-                           str(tmp_path / "missing")], capture_output=True, text=True)
+                           str(tmp_path / "unevaluated")], capture_output=True, text=True)
     assert proc.returncode != 0
     assert "outcomes.json" in proc.stderr and "--stages=rl,eval" in proc.stderr
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "pool_seeds.py"), str(tmp_path / "a"),
+                           str(tmp_path / "missing")], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no such run directory" in proc.stderr
 
 
 def _write_row_scores(path, seed, rows, metric="equation_em_canonical", labels=None):

@@ -1,5 +1,5 @@
-"""`bench.py stage` (`runs.refiner_run.time_stage`): it times the REFINER loop's own updates, on the run's data and
-warmed-up generator, prints them as JSON alone, and leaves the run as it was."""
+"""`bench.py stage` (`benchmarks/stage_timing.py` on `runs.refiner_run.stage_plan`): it times the REFINER loop's own
+updates, on the run's data and warmed-up generator, prints them as JSON alone, and leaves the run as it was."""
 import json
 import os
 import sys
@@ -8,9 +8,9 @@ from refiner_jax.runs import refiner_run
 from refiner_jax.training.loop import stage_done
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # the launch scripts are not installed
+sys.path.insert(0, ROOT)  # the benchmark scripts are not installed
 sys.path.insert(0, os.path.dirname(__file__))
-from launch import bench  # noqa: E402
+from benchmarks import bench  # noqa: E402
 from test_pipeline import tiny_config  # noqa: E402
 
 

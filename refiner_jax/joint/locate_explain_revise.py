@@ -15,7 +15,9 @@ explanation only: the critic's whole feedback and no forced prefix; unasked: onl
 about `#k`). Every model call is counted
 (`Compute`: generated tokens and forward passes), so variants can be compared at equal compute. The function
 works over any generator (`generate(inputs, prefixes) -> texts`), critic (`feedback(examples, solutions)`) and step
-scorer (`(prompts, solutions) -> per-step scores`).
+scorer (`(prompts, solutions) -> per-step scores`). Each round is one generator <-> critic turn
+(`refiner.feedback_loop.take_turn`), the same as the REFINER loop's, with the located step in the feedback and the
+prefix.
 """
 from __future__ import annotations
 
@@ -24,9 +26,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from refiner_jax.refiner.feedback_loop import ask_critic, take_turn
 from refiner_jax.reward import rerank
 from refiner_jax.reward.batches import step_ends
-from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task, is_no_hint, refine_input, sentences_about
+from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task, sentences_about
 
 StepScorer = Callable[[list[str], list[str]], list[np.ndarray]]
 # (generator inputs, forced target prefixes) -> one greedy output each, prefix included
@@ -137,7 +140,7 @@ def prefix_before(task: Task, solution: str, step: int) -> str:
 def joint_refine(examples: Sequence[Example], samples: Sequence[Sequence[str]],
                  sample_steps: Sequence[Sequence[np.ndarray]], *, task: Task, generate: Generate, critic,
                  score_steps: StepScorer, count_tokens: CountTokens,
-                 location_feedback: Callable[[int], str], gate: float, step_threshold: float,
+                 gate: float, step_threshold: float, location_feedback: Callable[[int], str] | None = None,
                  variant: Variant = Variant(), template: str = DEFAULT_REFINE_TEMPLATE, turns: int = 1,
                  critic_cost: CriticCost | None = None, explain_cost: CriticCost | None = None) -> JointResult:
     """`turns` locate / explain / revise rounds on every problem, then the rerank (each round batched: one critic
@@ -146,7 +149,9 @@ def joint_refine(examples: Sequence[Example], samples: Sequence[Sequence[str]],
     gate) and the feedback is not "No hint". `samples[i]` are problem i's K samples and `sample_steps[i][j]` the
     verifier's step scores of sample j (already computed and counted by the caller). `critic_cost(example, solution,
     feedback, first)` -> (tokens, passes) the critic spent, `first` on its first call on the problem (default: it
-    wrote the feedback); `explain_cost` the same for `critic.explain` (default: `critic_cost`)."""
+    wrote the feedback); `explain_cost` the same for `critic.explain` (default: `critic_cost`). `location_feedback(k)`
+    is the feedback that only locates step k (default: the task's, `Task.location_feedback`)."""
+    location_feedback = location_feedback or task.location_feedback
     if critic_cost is None:
         def critic_cost(example, solution, text, first):
             return count_tokens(text), count_tokens(text) + 1
@@ -165,35 +170,40 @@ def joint_refine(examples: Sequence[Example], samples: Sequence[Sequence[str]],
     active = [i for i in range(n) if not variant.gate or top[i] < gate]
     ask = variant.locate and variant.ask and hasattr(critic, "explain")
     for turn in range(turns):
-        where = {i: locate(current_steps[i], step_threshold) for i in active}
-        said: dict[int, str] = {}
-        if active and variant.explain:
-            solutions = [current[i] for i in active]
-            answers = (critic.explain([examples[i] for i in active], solutions, [where[i] for i in active]) if ask
-                       else critic.feedback([examples[i] for i in active], solutions))
-            for i, f in zip(active, answers):
+        where = [locate(current_steps[i], step_threshold) for i in active]
+        prefixes = [prefix_before(task, current[i], k) if variant.locate else "" for i, k in zip(active, where)]
+
+        def critique(problems: list[Example], solutions: list[str]) -> list[str]:
+            """What the round's revisions read: the critic's words about the located step (or its whole feedback
+            without `locate`), else the location sentence."""
+            if not variant.explain:
+                return [location_feedback(k) for k in where]
+            answers = ask_critic(lambda exs, hs: critic.explain(exs, hs, where) if ask else critic.feedback(exs, hs),
+                                 problems, solutions)
+            said = []
+            for i, k, f in zip(active, where, answers):
                 compute.add(i, *(explain_cost if ask else critic_cost)(examples[i], current[i], f, i not in asked))
                 asked.add(i)
-                about = sentences_about(f, where[i]) if variant.locate else f
-                said[i] = about or (location_feedback(where[i]) if variant.locate else f)
+                about = sentences_about(f, k) if variant.locate else f
+                said.append(about or (location_feedback(k) if variant.locate else f))
                 if turn == 0:
                     critic_said[i] = f
-        else:
-            said = {i: location_feedback(where[i]) for i in active}
+            return said
+
+        this_round = take_turn([examples[i] for i in active], [current[i] for i in active], critique,
+                               lambda prompts, going: generate(prompts, [prefixes[j] for j in going]),
+                               template=template)
         if turn == 0:
-            for i in active:
-                feedback[i] = said[i]
-        active = [i for i in active if not is_no_hint(said[i])]
-        prefixes = [prefix_before(task, current[i], where[i]) if variant.locate else "" for i in active]
-        revised = generate([refine_input(examples[i].x, current[i], said[i], template) for i in active],
-                           prefixes) if active else []
-        scores = score_steps([examples[i].x for i in active], list(revised)) if active else []
-        for i, p, z, steps in zip(active, prefixes, revised, scores):
+            for i, f in zip(active, this_round.feedback):
+                feedback[i] = f
+        revising = [active[j] for j in this_round.going]
+        scores = score_steps([examples[i].x for i in revising], this_round.revised) if revising else []
+        for i, p, z, steps in zip(revising, [prefixes[j] for j in this_round.going], this_round.revised, scores):
             compute.generated(i, max(count_tokens(z) - count_tokens(p), 0))
             compute.scored(i)
             tried[i].append((z, steps))
             current[i], current_steps[i] = z, steps
-        active = [i for i in active if not variant.gate or solution_score(current_steps[i]) < gate]
+        active = [i for i in revising if not variant.gate or solution_score(current_steps[i]) < gate]
     revisions = [t[-1][0] if t else None for t in tried]
     chosen, confidence, kept = list(best_samples), top.copy(), np.zeros(n, bool)
     if variant.vote:

@@ -1,12 +1,18 @@
-"""Decoder-only causal language models in Flax Linen: GPT-2 and the Llama family (Llama, Qwen2, Mistral).
+"""Decoder-only causal language models in Flax Linen: GPT-2 and the Llama family (Llama, Qwen2, Mistral, Qwen3,
+Gemma 3).
 
 One `Decoder` covers both families through `DecoderConfig`:
   * GPT-2: learned positions, LayerNorm with bias, tanh-gelu MLP, a bias on every projection, tied output layer;
   * Llama family: rotary positions in transformers' rotate-half layout (pair i is dims i and i + head_dim/2),
     RMSNorm, SwiGLU MLP, grouped-query attention (`num_kv_heads` < `num_heads`), no biases except Qwen2's on
     query/key/value, tied or untied output layer; rotary frequencies optionally rescaled ('linear', 'llama3').
-Both are pre-norm with a final norm and scale attention logits by head_dim**-0.5. Norm statistics, softmax and
-logits are float32. Layers with a sliding window (Mistral, Qwen2; `DecoderConfig.layer_window`) attend to the last
+    Qwen3 adds a norm of each head's queries and keys before the rotation (`qk_norm`). Gemma 3 has (1 + w) norms,
+    normalises each block's output too (`post_norms`), scales embeddings by sqrt(d_model), gates with tanh-gelu,
+    scales attention by `query_pre_attn_scalar`**-0.5, alternates windowed local layers (their own rotary base,
+    `local_rope_theta`) with global ones, and may soft-cap output (and, with `attn_softcap`, attention) logits.
+All are pre-norm with a final norm and scale attention logits by head_dim**-0.5 unless the config says otherwise
+(`DecoderConfig.attention_scale`). Norm statistics, softmax and logits are float32. Layers with a sliding window
+(Mistral, Qwen2, Qwen3, Gemma 3's local layers; `DecoderConfig.layer_window`) attend to the last
 `window` real tokens only, in every entry point; the KV cache stays full-length and masks the older slots.
 
 Entry points (pure `model.apply` methods):
@@ -36,17 +42,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from refiner_jax.models.decoder_config import DecoderConfig
-from refiner_jax.models.layers import MASK_VALUE, Dropout, attend, cotangent_barrier, dense, rms_norm
+from refiner_jax.models.layers import MASK_VALUE, Dropout, attend, cotangent_barrier, dense, rms_norm, soft_cap
 
 Array = jax.Array
 
 
 @functools.lru_cache(maxsize=64)
-def rope_frequencies(config: DecoderConfig) -> np.ndarray:
+def rope_frequencies(config: DecoderConfig, local: bool = False) -> np.ndarray:
     """Rotation frequency of each dimension pair, `[head_dim // 2]` float32, rescaled as transformers does for rope
-    types 'linear' (all divided by the factor) and 'llama3' (long wavelengths divided, short kept, blended between)."""
+    types 'linear' (all divided by the factor) and 'llama3' (long wavelengths divided, short kept, blended between).
+    `local`: a local layer's frequencies (`config.local_rope_theta`, never rescaled)."""
     dim = config.head_dim
-    freq = np.float32(1.0) / np.float32(config.rope_theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+    theta = config.local_rope_theta if local else config.rope_theta
+    freq = np.float32(1.0) / np.float32(theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+    if local:
+        return freq
     if config.rope_type == "linear":
         freq = freq / np.float32(config.rope_factor)
     elif config.rope_type == "llama3":
@@ -125,27 +135,33 @@ def _layer_biases(config: DecoderConfig, visible: Array, query_counts: Array, ke
 
 
 class Norm(nn.Module):
-    """LayerNorm (scale and bias) or RMSNorm (scale only), statistics in float32."""
+    """LayerNorm with bias (GPT-2), RMSNorm or RMSNorm scaled by 1 + w (Gemma 3), over the last axis, whose
+    parameters carry the logical axis `axis` (`embed`; `kv` for the per-head query and key norms). Statistics in
+    float32."""
 
     config: DecoderConfig
+    axis: str = "embed"
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
         cfg = self.config
-        scale = _param(self, "scale", nn.initializers.ones, ("embed",), (x.shape[-1],))
-        if cfg.norm == "rmsnorm":
-            return rms_norm(x, scale, cfg.norm_eps, cfg.compute_dtype)
+        plus_one = cfg.norm == "rmsnorm_plus_one"
+        scale = _param(self, "scale", _ZEROS if plus_one else nn.initializers.ones, (self.axis,), (x.shape[-1],))
+        if cfg.norm != "layernorm":
+            return rms_norm(x, scale, cfg.norm_eps, cfg.compute_dtype, unit_offset=plus_one)
         x32 = x.astype(jnp.float32)
-        bias = _param(self, "bias", _ZEROS, ("embed",), (x.shape[-1],))
+        bias = _param(self, "bias", _ZEROS, (self.axis,), (x.shape[-1],))
         centred = x32 - jnp.mean(x32, axis=-1, keepdims=True)
         y = centred * jax.lax.rsqrt(jnp.mean(centred * centred, axis=-1, keepdims=True) + cfg.norm_eps)
         return (y * scale.astype(jnp.float32) + bias.astype(jnp.float32)).astype(cfg.compute_dtype)
 
 
 class Attention(nn.Module):
-    """Causal multi-head attention with grouped-query key/value heads."""
+    """Causal multi-head attention with grouped-query key/value heads; `layer` is its layer's index (a local layer
+    may rotate by its own base)."""
 
     config: DecoderConfig
+    layer: int = 0
 
     def setup(self):
         cfg = self.config
@@ -163,12 +179,16 @@ class Attention(nn.Module):
             self.value_bias = _param(self, "value_bias", _ZEROS, ("heads", "kv"), (kv, hd))
         if cfg.out_bias:
             self.out_bias = _param(self, "out_bias", _ZEROS, ("embed",), (d,))
+        if cfg.qk_norm:
+            self.query_norm = Norm(cfg, axis="kv")
+            self.key_norm = Norm(cfg, axis="kv")
         self.dropout = Dropout(cfg.dropout_rate)
 
     def project(self, x: Array, positions: Array) -> tuple[Array, Array, Array]:
         """`x` [batch, len, d_model] -> queries `[batch, len, heads, head_dim]` and keys, values
-        `[batch, kv_heads, len, head_dim]` (heads-major, the cache layout), rotary positions applied. The three
-        projections run as one row-major 2-D product (`layers.dense`), as in `models.t5`."""
+        `[batch, kv_heads, len, head_dim]` (heads-major, the cache layout), each head's queries and keys normalised
+        (`qk_norm`) and then rotated. The three projections run as one row-major 2-D product (`layers.dense`), as in
+        `models.t5`."""
         cfg = self.config
         dt = cfg.compute_dtype
         b, length, d = x.shape
@@ -179,8 +199,10 @@ class Attention(nn.Module):
         q, k, v = q.reshape(b, length, h, hd), k.reshape(b, length, kv, hd), v.reshape(b, length, kv, hd)
         if cfg.qkv_bias:
             q, k, v = q + self.query_bias.astype(dt), k + self.key_bias.astype(dt), v + self.value_bias.astype(dt)
+        if cfg.qk_norm:
+            q, k = self.query_norm(q), self.key_norm(k)
         if cfg.position == "rope":
-            frequencies = rope_frequencies(cfg)
+            frequencies = rope_frequencies(cfg, cfg.local_rope(self.layer))
             q, k = _rope(q, positions, frequencies), _rope(k, positions, frequencies)
         q = nn.with_logical_constraint(q, ("batch", "activation_length", "activation_heads", "activation_kv"))
         names = ("batch", "activation_heads", "activation_length", "activation_kv")
@@ -200,11 +222,12 @@ class Attention(nn.Module):
         # with a kv head's query groups stacked as rows, [batch, kv, groups * q, head_dim]: XLA:CPU runs them about
         # twice as fast as with the group and query axes apart (gpt2-tiny prefill of 32 x 128 tokens).
         q = q.reshape(b, q_len, kv, groups, hd).transpose(0, 2, 3, 1, 4).reshape(b, kv, groups * q_len, hd)
-        q = q * jnp.asarray(hd ** -0.5, dt)
+        q = q * jnp.asarray(cfg.attention_scale, dt)
         if groups > 1 and bias.shape[2] > 1:  # [batch, 1, q, k] -> one row of bias per stacked query row
             bias = jnp.tile(bias, (1, 1, groups, 1))
         seed = self.dropout.seed(b * h * q_len * k_len, deterministic)
-        ctx = attend(q, k.astype(dt), v.astype(dt), bias, seed, cfg.dropout_rate)  # [batch, kv, groups * q, hd]
+        ctx = attend(q, k.astype(dt), v.astype(dt), bias, seed, cfg.dropout_rate,
+                     cfg.attn_softcap)  # [batch, kv, groups * q, hd]
         return self._output(ctx.reshape(b, kv, groups, q_len, hd).transpose(0, 3, 1, 2, 4).reshape(b, q_len, h * hd))
 
     def attend_shared(self, q: Array, k: Array, v: Array, bias: Array, prompt: dict) -> Array:
@@ -227,11 +250,14 @@ class Attention(nn.Module):
         def to_rows(x):  # the inverse
             return x.reshape(batch, kv, rows, groups, -1).transpose(0, 2, 1, 3, 4).reshape(n, kv, groups, -1)
 
-        q = q.reshape(n, kv, groups, hd) * jnp.asarray(hd ** -0.5, dt)
-        own = jnp.einsum("nhgd,nhsd->nhgs", q, k.astype(dt)).astype(jnp.float32) + bias  # [n, kv, groups, new]
-        logits = jnp.concatenate([
-            jnp.einsum("bhmd,bhsd->bhms", to_prompts(q), prompt["k"].astype(dt)).astype(jnp.float32)
-            + prompt["bias"], to_prompts(own)], axis=-1)  # [batch, kv, rows * groups, P + new]
+        q = q.reshape(n, kv, groups, hd) * jnp.asarray(cfg.attention_scale, dt)
+
+        def scores(einsum, q, k):  # float32, soft-capped
+            return soft_cap(jnp.einsum(einsum, q, k.astype(dt)).astype(jnp.float32), cfg.attn_softcap)
+
+        own = scores("nhgd,nhsd->nhgs", q, k) + bias  # [n, kv, groups, new]
+        logits = jnp.concatenate([scores("bhmd,bhsd->bhms", to_prompts(q), prompt["k"]) + prompt["bias"],
+                                  to_prompts(own)], axis=-1)  # [batch, kv, rows * groups, P + new]
         probs = jax.nn.softmax(logits, axis=-1).astype(dt)
         ctx = (to_rows(jnp.einsum("bhms,bhsd->bhmd", probs[..., :prompt_len], prompt["v"].astype(dt)))
                + jnp.einsum("nhgs,nhsd->nhgd", to_rows(probs[..., prompt_len:]), v.astype(dt)))
@@ -248,7 +274,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """Feed-forward block: tanh-gelu (GPT-2) or SwiGLU, silu(x W_gate) * (x W_up) (Llama family)."""
+    """Feed-forward block: tanh-gelu (GPT-2), SwiGLU, silu(x W_gate) * (x W_up) (Llama family), or GeGLU,
+    tanh-gelu(x W_gate) * (x W_up) (Gemma 3)."""
 
     config: DecoderConfig
 
@@ -266,8 +293,10 @@ class MLP(nn.Module):
 
         x = x.astype(dt)
         std = cfg.initializer_range
-        if cfg.mlp == "swiglu":
-            h = jax.nn.silu(project("wi_0", x, ("embed", "mlp"), std)) * project("wi_1", x, ("embed", "mlp"), std)
+        if cfg.mlp in ("swiglu", "geglu"):
+            gate = project("wi_0", x, ("embed", "mlp"), std)
+            gate = jax.nn.silu(gate) if cfg.mlp == "swiglu" else jax.nn.gelu(gate, approximate=True)
+            h = gate * project("wi_1", x, ("embed", "mlp"), std)
         else:
             h = jax.nn.gelu(project("wi", x, ("embed", "mlp"), std), approximate=True)
         h = nn.with_logical_constraint(h, ("batch", "activation_length", "activation_mlp"))
@@ -275,15 +304,20 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
-    """Pre-norm block: x + attention(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm block number `index`: x + attention(norm(x)), then x + mlp(norm(x)); with `post_norms`, each
+    branch's output is normalised too before it is added (x + norm(attention(norm(x))), Gemma 3)."""
 
     config: DecoderConfig
+    index: int = 0
 
     def setup(self):
         self.attention_norm = Norm(self.config)
-        self.attention = Attention(self.config)
+        self.attention = Attention(self.config, self.index)
         self.mlp_norm = Norm(self.config)
         self.mlp = MLP(self.config)
+        if self.config.post_norms:
+            self.attention_out_norm = Norm(self.config)
+            self.mlp_out_norm = Norm(self.config)
         self.dropout = Dropout(self.config.dropout_rate)
 
     def __call__(self, x: Array, positions: Array, bias: Array, deterministic: bool, cache: dict | None = None,
@@ -303,8 +337,13 @@ class Layer(nn.Module):
             attended = self.attention.attend(q, k, v, bias, deterministic)
         else:
             attended = self.attention.attend_shared(q, k, v, bias, prompt)
+        if self.config.post_norms:
+            attended = self.attention_out_norm(attended)
         x = x + self.dropout(attended, deterministic=deterministic)
-        x = x + self.dropout(self.mlp(self.mlp_norm(x)), deterministic=deterministic)
+        fed = self.mlp(self.mlp_norm(x))
+        if self.config.post_norms:
+            fed = self.mlp_out_norm(fed)
+        x = x + self.dropout(fed, deterministic=deterministic)
         return nn.with_logical_constraint(x, _EMBED), {"k": k, "v": v}
 
 
@@ -323,7 +362,7 @@ class Decoder(nn.Module):
                                             (cfg.max_positions, cfg.d_model))
         # `deterministic` (positional argument 4, counting self) is static under remat.
         layer = nn.remat(Layer, static_argnums=(4,)) if cfg.remat else Layer
-        self.layers = [layer(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
+        self.layers = [layer(cfg, i, name=f"layers_{i}") for i in range(cfg.num_layers)]
         self.final_norm = Norm(cfg)
         if not cfg.tie_embeddings:
             self.lm_head = _param(self, "lm_head", init, ("embed", "vocab"), (cfg.d_model, cfg.vocab_size))
@@ -331,7 +370,10 @@ class Decoder(nn.Module):
 
     def _embed(self, tokens: Array, positions: Array) -> Array:
         dt = self.config.compute_dtype
-        x = jnp.take(self.token_embedder, tokens, axis=0).astype(dt)  # [batch, len, d_model]
+        x = jnp.take(self.token_embedder, tokens, axis=0)  # [batch, len, d_model]
+        if self.config.embed_scale:  # sqrt(d_model) rounded to float32, then to the embedding's dtype (transformers)
+            x = x * jnp.asarray(np.float32(np.sqrt(self.config.d_model)), x.dtype)
+        x = x.astype(dt)
         if self.config.position == "learned":
             x = x + jnp.take(self.position_embedder, positions, axis=0).astype(dt)
         return nn.with_logical_constraint(x, _EMBED)
@@ -365,10 +407,11 @@ class Decoder(nn.Module):
         return self.logits(self.hidden_states(tokens, positions, attention_mask, deterministic, segment_ids))
 
     def logits(self, h: Array) -> Array:
-        """Hidden states `[batch, len, d_model]` -> logits `[batch, len, vocab]` (float32)."""
+        """Hidden states `[batch, len, d_model]` -> logits `[batch, len, vocab]` (float32), soft-capped when
+        `logit_softcap` is set."""
         dt = self.config.compute_dtype
         kernel = self.token_embedder.astype(dt).T if self.config.tie_embeddings else self.lm_head.astype(dt)
-        logits = dense(h.astype(dt), kernel).astype(jnp.float32)
+        logits = soft_cap(dense(h.astype(dt), kernel).astype(jnp.float32), self.config.logit_softcap)
         return nn.with_logical_constraint(logits, ("batch", "activation_length", "activation_vocab"))
 
     def prefill(self, tokens: Array, mask: Array, cache: dict) -> tuple[Array, dict]:

@@ -29,21 +29,17 @@ def _sample(params, prompts, mask, rng, temperature, top_k, top_p, min_new_token
     # The last generated token is never fed: P + max_new_tokens - 1 slots (the prompt's P apart when shared).
     cache = init_cache(config, batch, prompt_len + (0 if shared else max_new_tokens - 1))
     logits, cache = model.apply(variables, prompts, mask, cache, method=Decoder.prefill)  # logits [batch, vocab]
-    # A prompt's K samples are consecutive rows of [batch * K, ...]; the cache's slot index (a scalar) is shared.
-    logits = jnp.repeat(logits, num_samples, axis=0)
-    if shared:
-        cache = share_prompt(cache, num_samples, max(max_new_tokens - 1, 1))
-    else:
-        cache = jax.tree.map(lambda x: jnp.repeat(x, num_samples, axis=0) if x.ndim else x, cache)
+    # `sample` repeats logits and cache for a prompt's K samples (consecutive rows of [batch * K, ...]; the cache's
+    # slot index, a scalar, is shared), or keeps one copy of the prompt's keys and values for them (`share_prompt`).
+    repeat_cache = (lambda c, k: share_prompt(c, k, max(max_new_tokens - 1, 1))) if shared else sampling.repeat_rows
 
     def tokens_to_logits(tokens, index, cache):  # the cache tracks `index` (slot) and each row's position itself
         return model.apply(variables, tokens, cache, method=Decoder.decode_step)
 
-    out = sampling.sample(tokens_to_logits, cache, jnp.repeat(prompts, num_samples, axis=0), rng,
-                          first_logits=logits, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                          top_p=top_p, min_new_tokens=min_new_tokens, eos_id=config.eos_ids,
-                          pad_id=pad_id(config), max_top_k=max_top_k)
-    return jax.tree.map(lambda x: x.reshape(batch, num_samples, *x.shape[1:]), out)
+    return sampling.sample(tokens_to_logits, cache, prompts, rng, num_samples=num_samples, first_logits=logits,
+                           repeat_cache=repeat_cache, max_new_tokens=max_new_tokens, temperature=temperature,
+                           top_k=top_k, top_p=top_p, min_new_tokens=min_new_tokens, eos_id=config.eos_ids,
+                           pad_id=pad_id(config), max_top_k=max_top_k)
 
 
 _STATIC = ("config", "num_samples", "max_new_tokens", "max_top_k")

@@ -1,11 +1,13 @@
 """Import and export of transformers decoder-only checkpoints: GPT-2 (`GPT2LMHeadModel`) and the Llama family
-(`LlamaForCausalLM`, `Qwen2ForCausalLM` and `MistralForCausalLM`, sliding windows included).
+(`LlamaForCausalLM`, `Qwen2ForCausalLM`, `MistralForCausalLM`, `Qwen3ForCausalLM` and Gemma 3's text model
+`Gemma3ForCausalLM`, sliding windows included).
 
 `load_decoder(name_or_dir)` reads `config.json` (with `generation_config.json`'s end and pad tokens when present)
 plus `model.safetensors` (single or sharded) or `pytorch_model.bin` into `(DecoderConfig, params)`; a preset or hub
 name is fetched only when the machine is online. `save_decoder(config, params, dir)` writes a directory that
 `AutoModelForCausalLM.from_pretrained` loads with no missing or unexpected keys: a GPT-2, a Qwen2 (biases on
-query/key/value only), a Mistral (no biases, a window on every layer) or a Llama. The name map is explicit, one row
+query/key/value only), a Mistral (no biases, a window on every layer), a Llama, a Qwen3 (query and key norms) or a
+Gemma 3 (its norms, gating, scales and local rotary base). The name map is explicit, one row
 per transformers tensor, and every mismatch names the tensor and the parameter.
 """
 from __future__ import annotations
@@ -23,8 +25,7 @@ from refiner_jax.models.decoder_config import HUB_NAMES, DecoderConfig
 from refiner_jax.models.hf import (check_known, get_param, numerics_overrides, param_shapes, read_config,
                                    read_state_dict, resolve_checkpoint, set_checked, write_checkpoint)
 
-SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2")
-_LLAMA_FAMILY = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("gemma3_text", "gpt2", "llama", "mistral", "qwen2", "qwen3")
 # Non-parameter tensors that older checkpoints store: GPT-2's causal-mask buffers, Llama's rotary frequencies.
 _BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 
@@ -43,7 +44,8 @@ def _transposed(ours: Path, theirs: str) -> Row:
 
 
 def config_from_hf(hf: dict) -> DecoderConfig:
-    """DecoderConfig from a transformers `config.json` dict (model_type gpt2, llama, mistral or qwen2)."""
+    """DecoderConfig from a transformers `config.json` dict (model_type gemma3_text, gpt2, llama, mistral, qwen2 or
+    qwen3)."""
     model_type = hf.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"unsupported model_type {model_type!r} in config.json; refiner_jax's decoder supports "
@@ -65,46 +67,103 @@ def config_from_hf(hf: dict) -> DecoderConfig:
             position="learned", norm="layernorm", norm_eps=hf.get("layer_norm_epsilon", 1e-5), mlp="gelu",
             qkv_bias=True, out_bias=True, mlp_bias=True, tie_embeddings=hf.get("tie_word_embeddings", True),
             dropout_rate=hf.get("resid_pdrop", 0.1), **tokens)
+    if model_type == "gemma3_text":
+        return _gemma3_config(hf, tokens)
     if hf.get("hidden_act", "silu") not in ("silu", "swish"):
         raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r} for {model_type}; supported: silu (swish)")
     heads = hf["num_attention_heads"]
-    # transformers' Mistral and Qwen2 ignore attention_bias and mlp_bias (Qwen2 always has query/key/value biases).
-    bias = hf.get("attention_bias", False) if model_type == "llama" else False
+    # transformers' Mistral and Qwen2 ignore attention_bias and mlp_bias (Qwen2 always has query/key/value biases);
+    # Llama's and Qwen3's attention_bias covers the output projection too.
+    bias = hf.get("attention_bias", False) if model_type in ("llama", "qwen3") else False
+    # Qwen3's head_dim defaults to 128 (its config class), the others' to hidden_size / heads.
+    head_dim = hf.get("head_dim") or (128 if model_type == "qwen3" else hf["hidden_size"] // heads)
     return DecoderConfig(
         vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], num_layers=hf["num_hidden_layers"], num_heads=heads,
-        num_kv_heads=hf.get("num_key_value_heads") or heads, head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads, head_dim=head_dim,
         d_ff=hf["intermediate_size"], max_positions=hf.get("max_position_embeddings", 2048), norm="rmsnorm",
         norm_eps=hf.get("rms_norm_eps", 1e-6), mlp="swiglu", qkv_bias=model_type == "qwen2" or bias,
         out_bias=model_type != "qwen2" and bias, mlp_bias=model_type == "llama" and hf.get("mlp_bias", False),
-        tie_embeddings=hf.get("tie_word_embeddings", False), dropout_rate=hf.get("attention_dropout", 0.0),
-        position="rope", **_rope_fields(hf), **_window_fields(hf), **tokens)
+        qk_norm=model_type == "qwen3", tie_embeddings=hf.get("tie_word_embeddings", False),
+        dropout_rate=hf.get("attention_dropout", 0.0), position="rope", **_rope_fields(hf), **_window_fields(hf),
+        **tokens)
+
+
+def _gemma3_config(hf: dict, tokens: dict) -> DecoderConfig:
+    """A Gemma 3 text model's config; absent keys take `Gemma3TextConfig`'s defaults. transformers' Gemma 3 keeps
+    `attn_logit_softcapping` in its config but never passes it to the attention (Gemma 2 does), so the import
+    leaves attention uncapped too: the model computes what transformers computes."""
+    act = hf.get("hidden_activation", "gelu_pytorch_tanh")
+    if act not in ("gelu_pytorch_tanh", "gelu_new"):
+        raise ValueError(f"unsupported gemma3_text hidden_activation {act!r}; supported: gelu_pytorch_tanh")
+    if hf.get("use_bidirectional_attention"):
+        raise ValueError("gemma3_text use_bidirectional_attention=true is not supported (causal attention only)")
+    tokens = dict(tokens, pad_id=hf.get("pad_token_id", 0), eos_id=hf.get("eos_token_id", 1),
+                  bos_id=hf.get("bos_token_id", 2))
+    bias = hf.get("attention_bias", False)
+    return DecoderConfig(
+        vocab_size=hf.get("vocab_size", 262208), d_model=hf.get("hidden_size", 2304),
+        num_layers=hf.get("num_hidden_layers", 26), num_heads=hf.get("num_attention_heads", 8),
+        num_kv_heads=hf.get("num_key_value_heads", 4), head_dim=hf.get("head_dim", 256),
+        d_ff=hf.get("intermediate_size", 9216), max_positions=hf.get("max_position_embeddings", 131072),
+        position="rope", norm="rmsnorm_plus_one", norm_eps=hf.get("rms_norm_eps", 1e-6), mlp="geglu", qkv_bias=bias,
+        out_bias=bias, mlp_bias=False, qk_norm=True, post_norms=True, embed_scale=True,
+        query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256), logit_softcap=hf.get("final_logit_softcapping"),
+        tie_embeddings=hf.get("tie_word_embeddings", True), dropout_rate=hf.get("attention_dropout") or 0.0,
+        **_gemma3_rope_fields(hf), **_window_fields(hf), **tokens)
 
 
 def _window_fields(hf: dict) -> dict:
     """`sliding_window` and `window_layers` as transformers reads them: Mistral windows every layer (its default
-    window is 4096 when the key is absent; null turns it off); Qwen2 only with `use_sliding_window`, on the layers
-    `layer_types` marks 'sliding_attention', else on those from `max_window_layers` (default 28) on. Llama has no
-    window."""
-    if hf["model_type"] == "mistral":
+    window is 4096 when the key is absent; null turns it off); Qwen2 and Qwen3 only with `use_sliding_window`, on
+    the layers `layer_types` marks 'sliding_attention', else on those from `max_window_layers` (default 28) on;
+    Gemma 3 (default window 4096) on the layers `layer_types` marks, else on all but every
+    `sliding_window_pattern`-th (default 6). Llama has no window."""
+    kind = hf["model_type"]
+    if kind == "mistral":
         return dict(sliding_window=hf.get("sliding_window", 4096))
-    if hf["model_type"] != "qwen2":
+    if kind not in ("qwen2", "qwen3", "gemma3_text"):
         return {}
-    window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window", False) else None
-    layers = hf["num_hidden_layers"]
+    layers = hf.get("num_hidden_layers", 26)  # present in every config but a Gemma 3 of default depth
     types = hf.get("layer_types")
-    if types is None:
-        windowed = tuple(range(hf.get("max_window_layers", 28), layers)) if window is not None else ()
+    if kind == "gemma3_text":
+        window = hf.get("sliding_window", 4096)
+        pattern = hf.get("sliding_window_pattern", 6)
+        fallback = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+        hint = "sliding_window null"
     else:
-        unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
-        if unknown or len(types) != layers:
-            raise ValueError(f"qwen2 layer_types {types} unsupported: expected {layers} entries, each "
-                             "'full_attention' or 'sliding_attention'")
-        windowed = tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
-        if windowed and window is None:
-            raise ValueError("qwen2 layer_types marks sliding_attention layers but the config sets no window "
-                             "(use_sliding_window false or sliding_window null); set both or mark every layer "
-                             "full_attention")
+        window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window", False) else None
+        first = hf.get("max_window_layers", 28) if window is not None else layers
+        fallback = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+        hint = "use_sliding_window false or sliding_window null"
+    types = fallback if types is None else types
+    unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+    if unknown or len(types) != layers:
+        raise ValueError(f"{kind} layer_types {types} unsupported: expected {layers} entries, each "
+                         "'full_attention' or 'sliding_attention'")
+    windowed = tuple(i for i, layer in enumerate(types) if layer == "sliding_attention")
+    if windowed and window is None:
+        raise ValueError(f"{kind} layer_types marks sliding_attention layers but the config sets no window ({hint}); "
+                         "set a window or mark every layer full_attention")
     return dict(sliding_window=window, window_layers=windowed) if windowed else {}
+
+
+def _gemma3_rope_fields(hf: dict) -> dict:
+    """Gemma 3's two rotary settings: the global layers' (base `rope_theta`, default 1e6, with `rope_scaling`) and
+    the local layers' (base `rope_local_base_freq`, default 1e4, never rescaled), spelled either way:
+    transformers 5's `rope_parameters` per layer type, or transformers 4's top-level keys."""
+    params = hf.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        global_, local = dict(params.get("full_attention") or {}), dict(params.get("sliding_attention") or {})
+    else:
+        global_, local = dict(params), {}
+    global_.update(hf.get("rope_scaling") or {})
+    global_.setdefault("rope_theta", hf.get("rope_theta", 1e6))
+    local.setdefault("rope_theta", hf.get("rope_local_base_freq", 1e4))
+    if local.get("rope_type", local.get("type", "default")) != "default":
+        raise ValueError(f"gemma3_text local-layer rope {local} is not supported (default rotation only)")
+    positions = hf.get("max_position_embeddings", 131072)
+    fields = _rope_fields({"rope_parameters": global_, "max_position_embeddings": positions})
+    return dict(fields, local_rope_theta=float(local["rope_theta"]))
 
 
 def _rope_fields(hf: dict) -> dict:
@@ -131,23 +190,52 @@ def _rope_fields(hf: dict) -> dict:
 
 
 def model_type(config: DecoderConfig) -> str:
-    """The transformers architecture `config` is: 'gpt2', 'qwen2', 'mistral' (a window, no biases) or 'llama';
-    raises when it is none of them."""
+    """The transformers architecture `config` is: 'gpt2', 'qwen2', 'mistral' (a window, no biases), 'llama',
+    'qwen3' (query and key norms) or 'gemma3_text'; raises when it is none of them."""
     windowed = config.sliding_window is not None
-    if (config.position, config.norm, config.mlp) == ("learned", "layernorm", "gelu"):
+    gemma = (config.post_norms, config.embed_scale, config.query_pre_attn_scalar, config.attn_softcap,
+             config.logit_softcap, config.local_rope_theta)
+    plain = not any(x is not None and x is not False for x in gemma)  # none of Gemma 3's features
+    layout = (config.position, config.norm, config.mlp)
+    if layout == ("learned", "layernorm", "gelu") and plain and not config.qk_norm:
         if (config.qkv_bias and config.out_bias and config.mlp_bias and config.num_kv_heads == config.num_heads
                 and config.head_dim * config.num_heads == config.d_model and not windowed):
             return "gpt2"
-    elif (config.position, config.norm, config.mlp) == ("rope", "rmsnorm", "swiglu"):
+    elif layout == ("rope", "rmsnorm", "swiglu") and plain and config.qk_norm:
+        if config.qkv_bias == config.out_bias and not config.mlp_bias:
+            return "qwen3"
+    elif layout == ("rope", "rmsnorm", "swiglu") and plain:
         if config.qkv_bias and not config.out_bias and not config.mlp_bias:
             return "qwen2"
         if not windowed and config.qkv_bias == config.out_bias:
             return "llama"
         if not (config.qkv_bias or config.out_bias or config.mlp_bias) and config.window_layers is None:
             return "mistral"
+    elif layout == ("rope", "rmsnorm_plus_one", "geglu"):
+        if (config.qk_norm and config.post_norms and config.embed_scale and config.local_rope_theta is not None
+                and config.attn_softcap is None and config.qkv_bias == config.out_bias and not config.mlp_bias):
+            return "gemma3_text"
     raise ValueError(f"this DecoderConfig matches no transformers architecture (GPT-2: learned positions, "
                      f"layernorm, gelu, all biases; Llama/Qwen2/Mistral: rope, rmsnorm, swiglu; a sliding window "
-                     f"needs Qwen2's biases or, on every layer, Mistral's none): {config}")
+                     f"needs Qwen2's biases or, on every layer, Mistral's none; Qwen3: the same with qk_norm; "
+                     f"Gemma 3: rope, rmsnorm_plus_one, geglu, qk_norm, post_norms, embed_scale, a "
+                     f"local_rope_theta and no attn_softcap, which transformers' Gemma 3 ignores): {config}")
+
+
+def _rope_parameters(config: DecoderConfig) -> dict:
+    """transformers' rotary settings of `config`'s (global) layers."""
+    rope = dict(rope_type=config.rope_type, rope_theta=config.rope_theta)
+    if config.rope_type != "default":
+        rope["factor"] = config.rope_factor
+    if config.rope_type == "llama3":
+        rope.update(low_freq_factor=config.rope_low_freq_factor, high_freq_factor=config.rope_high_freq_factor,
+                    original_max_position_embeddings=config.rope_original_max_positions)
+    return rope
+
+
+def _layer_types(config: DecoderConfig) -> list[str]:
+    return ["full_attention" if config.layer_window(i) is None else "sliding_attention"
+            for i in range(config.num_layers)]
 
 
 def config_to_hf(config: DecoderConfig) -> dict:
@@ -162,27 +250,33 @@ def config_to_hf(config: DecoderConfig) -> dict:
                     n_head=config.num_heads, n_inner=config.d_ff, n_positions=config.max_positions,
                     activation_function="gelu_new", layer_norm_epsilon=config.norm_eps,
                     resid_pdrop=config.dropout_rate, embd_pdrop=config.dropout_rate, attn_pdrop=config.dropout_rate)
-    rope = dict(rope_type=config.rope_type, rope_theta=config.rope_theta)
-    if config.rope_type != "default":
-        rope["factor"] = config.rope_factor
-    if config.rope_type == "llama3":
-        rope.update(low_freq_factor=config.rope_low_freq_factor, high_freq_factor=config.rope_high_freq_factor,
-                    original_max_position_embeddings=config.rope_original_max_positions)
-    architecture = {"qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}.get(kind, "LlamaForCausalLM")
-    hf = dict(common, architectures=[architecture],
-              hidden_size=config.d_model, intermediate_size=config.d_ff, num_hidden_layers=config.num_layers,
-              num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
-              head_dim=config.head_dim, max_position_embeddings=config.max_positions, rms_norm_eps=config.norm_eps,
-              hidden_act="silu", attention_dropout=config.dropout_rate, rope_parameters=rope,
-              # Both spellings, for transformers 4 and 5 alike.
-              rope_theta=config.rope_theta, rope_scaling=None if config.rope_type == "default" else rope)
-    if kind == "qwen2":
+    rope = _rope_parameters(config)
+    shape = dict(hidden_size=config.d_model, intermediate_size=config.d_ff, num_hidden_layers=config.num_layers,
+                 num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
+                 head_dim=config.head_dim, max_position_embeddings=config.max_positions,
+                 rms_norm_eps=config.norm_eps, attention_dropout=config.dropout_rate)
+    # Both spellings of the rotary settings, for transformers 4 and 5 alike.
+    old_rope = dict(rope_theta=config.rope_theta, rope_scaling=None if config.rope_type == "default" else rope)
+    if kind == "gemma3_text":
+        local = dict(rope_type="default", rope_theta=config.local_rope_theta)
+        return dict(common, **shape, **old_rope, architectures=["Gemma3ForCausalLM"],
+                    hidden_activation="gelu_pytorch_tanh", attention_bias=config.qkv_bias,
+                    query_pre_attn_scalar=config.query_pre_attn_scalar or config.head_dim,
+                    attn_logit_softcapping=None, final_logit_softcapping=config.logit_softcap,
+                    sliding_window=config.sliding_window, layer_types=_layer_types(config),
+                    rope_parameters={"full_attention": rope, "sliding_attention": local},
+                    rope_local_base_freq=config.local_rope_theta, use_bidirectional_attention=False)
+    architecture = {"qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
+                    "qwen3": "Qwen3ForCausalLM"}.get(kind, "LlamaForCausalLM")
+    hf = dict(common, **shape, **old_rope, architectures=[architecture], hidden_act="silu", rope_parameters=rope)
+    if kind in ("qwen2", "qwen3"):
+        if kind == "qwen3":
+            hf["attention_bias"] = config.qkv_bias
         if config.sliding_window is None:
             return dict(hf, use_sliding_window=False, sliding_window=None)
-        windowed = [config.layer_window(i) is not None for i in range(config.num_layers)]
-        return dict(hf, use_sliding_window=True, sliding_window=config.sliding_window,
-                    max_window_layers=windowed.index(True) if any(windowed) else config.num_layers,
-                    layer_types=["sliding_attention" if w else "full_attention" for w in windowed])
+        types = _layer_types(config)
+        return dict(hf, use_sliding_window=True, sliding_window=config.sliding_window, layer_types=types,
+                    max_window_layers=types.index("sliding_attention"))
     if kind == "mistral":
         return dict(hf, sliding_window=config.sliding_window)
     return dict(hf, attention_bias=config.qkv_bias, mlp_bias=config.mlp_bias)
@@ -218,11 +312,19 @@ def _gpt2_rows(config: DecoderConfig) -> list[Row]:
 def _llama_rows(config: DecoderConfig) -> list[Row]:
     d, hd = config.d_model, config.head_dim
     rows = [_row(("token_embedder",), "model.embed_tokens.weight")]
+    # transformers' `post_attention_layernorm` is the feed-forward's input norm in Llama and the attention's output
+    # norm in Gemma 3 (whose feed-forward norms are `pre_`/`post_feedforward_layernorm`).
+    norms = [("attention_norm", "input_layernorm"), ("mlp_norm", "post_attention_layernorm")]
+    if config.post_norms:
+        norms = [("attention_norm", "input_layernorm"), ("attention_out_norm", "post_attention_layernorm"),
+                 ("mlp_norm", "pre_feedforward_layernorm"), ("mlp_out_norm", "post_feedforward_layernorm")]
     for i in range(config.num_layers):
         ours, theirs = (f"layers_{i}",), f"model.layers.{i}"
         att, mlp = ours + ("attention",), ours + ("mlp",)
-        rows += [_row(ours + ("attention_norm", "scale"), f"{theirs}.input_layernorm.weight"),
-                 _row(ours + ("mlp_norm", "scale"), f"{theirs}.post_attention_layernorm.weight")]
+        rows += [_row(ours + (norm, "scale"), f"{theirs}.{hf_norm}.weight") for norm, hf_norm in norms]
+        if config.qk_norm:
+            rows += [_row(att + ("query_norm", "scale"), f"{theirs}.self_attn.q_norm.weight"),
+                     _row(att + ("key_norm", "scale"), f"{theirs}.self_attn.k_norm.weight")]
         for name, proj, heads in (("query", "q_proj", config.num_heads), ("key", "k_proj", config.num_kv_heads),
                                   ("value", "v_proj", config.num_kv_heads)):
             # ours [d_model, heads, head_dim]  <->  theirs (nn.Linear) [heads * head_dim, d_model]

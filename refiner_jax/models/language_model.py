@@ -4,7 +4,8 @@ code outside `models/` holds no `if family` branches.
 `LanguageModel(config)` wraps a `T5Config` (encoder-decoder: the prompt is encoded, the target decoded) or a
 `DecoderConfig` (decoder-only: prompt and target are one sequence, the loss and the samples cover the target
 part only) and gives, for (prompt ids, target ids) pairs:
-- `module()` and `init_args()`: the Flax module and dummy inputs for `module.init`;
+- `module()` and `init_args()`: the Flax module and dummy inputs for `module.init` (`init_params(config, rng)`:
+  the initialised, unboxed parameters);
 - `pair_batch(...)`, `text_pair_batch(...)`: fixed-shape token arrays of a batch (one compiled train step per
   stage); `step_batch(...)`: a reward model's batch of solutions read at their step ends;
 - `target_logits(module, params, batch, rng)`: logits aligned with the target tokens, the targets and their
@@ -48,6 +49,15 @@ def preset_config(family: str, name: str, vocab_size: int, pad_id: int, eos_id: 
     if family == "decoder":
         return decoder_preset(name, vocab_size=vocab_size, pad_id=pad_id, eos_id=eos_id, bos_id=None, **overrides)
     return t5_preset(name, vocab_size=vocab_size, **overrides)
+
+
+def init_params(config: T5Config | DecoderConfig, rng: jax.Array) -> Any:
+    """Freshly initialised parameters of either family's model: the unboxed pytree that training, sampling and
+    checkpoints take (`jax.eval_shape(functools.partial(init_params, config), rng)` gives its shapes without
+    allocating). Not jitted: for a large model under a mesh, `training.state.create_train_state` initialises each
+    parameter on its own devices instead."""
+    lm = LanguageModel(config)
+    return nn.meta.unbox(lm.module().init(rng, *lm.init_args())["params"])
 
 
 def load_checkpoint(family: str, checkpoint: str, **overrides) -> tuple[T5Config | DecoderConfig, Any]:

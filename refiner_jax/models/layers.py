@@ -40,11 +40,14 @@ class ConfigDtypes:
         return dataclasses.replace(self, **changes)
 
 
-def rms_norm(x: Array, scale: Array, eps: float, dtype) -> Array:
+def rms_norm(x: Array, scale: Array, eps: float, dtype, unit_offset: bool = False) -> Array:
     """`x` over the root mean square of its last axis (no mean subtraction; statistics in float32), times `scale`,
-    in `dtype`: T5's layer norm and the Llama family's RMSNorm."""
+    in `dtype`: T5's layer norm and the Llama family's RMSNorm. With `unit_offset` (Gemma 3) the factor is
+    1 + `scale`, applied in float32 before the cast, as transformers' Gemma norms round once."""
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    if unit_offset:
+        return (y * (1.0 + scale.astype(jnp.float32))).astype(dtype)
     return y.astype(dtype) * scale.astype(dtype)
 
 
@@ -131,33 +134,42 @@ def product_over_rows(a: Array, b: Array) -> Array:
     return jax.lax.platform_dependent(a, b, cpu=cpu, default=lambda a, b: swap(a) @ b)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def attend(q: Array, k: Array, v: Array, bias: Array, seed: Array | None, rate: float) -> Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def attend(q: Array, k: Array, v: Array, bias: Array, seed: Array | None, rate: float,
+           softcap: float | None = None) -> Array:
     """softmax(q k^T + bias) (float32), dropped out at `rate` with `seed`'s mask (`dropout`), times v:
     q `[batch, heads, q, d_kv]`, k and v `[batch, heads, k, d_kv]`, bias `[batch or 1, heads or 1, q or 1, k]`
-    -> `[batch, heads, q, d_kv]`.
+    -> `[batch, heads, q, d_kv]`. With `softcap` (Gemma's soft-capping), q k^T becomes softcap * tanh(q k^T /
+    softcap) before the bias is added.
 
     Its gradient is written out: it keeps the softmax alone and recomputes the dropout mask from the seed, where
     autodiff also kept the mask and the dropped-out weights: less memory and time (docs/performance.md).
     """
-    return _attend_fwd(q, k, v, bias, seed, rate)[0]
+    return _attend_fwd(q, k, v, bias, seed, rate, softcap)[0]
 
 
-def _attend_fwd(q, k, v, bias, seed, rate):
-    logits = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32) + bias
-    probs = jax.nn.softmax(logits, axis=-1)  # float32 [batch, heads, q, k]
+def soft_cap(x: Array, cap: float | None) -> Array:
+    """cap * tanh(x / cap): `x` squashed smoothly into (-cap, cap); `x` as is when `cap` is None."""
+    return x if cap is None else cap * jnp.tanh(x / cap)
+
+
+def _attend_fwd(q, k, v, bias, seed, rate, softcap=None):
+    scores = soft_cap(jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32), softcap)
+    probs = jax.nn.softmax(scores + bias, axis=-1)  # float32 [batch, heads, q, k]
     out = jnp.einsum("bhqk,bhkd->bhqd", dropout(probs.astype(q.dtype), seed, rate), v)
-    return out, (q, k, v, bias, seed, probs)
+    return out, (q, k, v, bias, seed, probs, None if softcap is None else scores)  # capped scores kept if capping
 
 
-def _attend_bwd(rate, residuals, g):
-    q, k, v, bias, seed, probs = residuals
+def _attend_bwd(rate, softcap, residuals, g):
+    q, k, v, bias, seed, probs, capped = residuals
     dt = q.dtype
     d_weights = dropout(jnp.einsum("bhqd,bhkd->bhqk", g, v), seed, rate).astype(jnp.float32)
     d_v = product_over_rows(dropout(probs.astype(dt), seed, rate), g)
     d_logits = probs * (d_weights - jnp.sum(d_weights * probs, axis=-1, keepdims=True))  # float32
     summed = tuple(i for i, n in enumerate(bias.shape) if n == 1 and d_logits.shape[i] != 1)
     d_bias = jnp.sum(d_logits, axis=summed, keepdims=True).astype(bias.dtype)
+    if softcap is not None:  # d/ds cap * tanh(s / cap) = 1 - tanh(s / cap)^2
+        d_logits = d_logits * (1.0 - jnp.square(capped / softcap))  # float32
     d_logits = d_logits.astype(dt)
     d_q = jnp.einsum("bhqk,bhkd->bhqd", d_logits, k)
     d_k = product_over_rows(d_logits, q)

@@ -43,6 +43,16 @@ class T5Config(ConfigDtypes):
     def n_decoder_layers(self) -> int:
         return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
 
+    # T5's token-id convention, shared by its checkpoints and tokenizers: pad 0 (also the decoder's start token),
+    # end 1. Read-only, as `DecoderConfig`'s `pad_id` / `eos_ids` are read by the samplers.
+    @property
+    def pad_id(self) -> int:
+        return 0
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return (1,)
+
 
 _V10 = dict(feed_forward_proj="relu", tie_word_embeddings=True)
 _V11 = dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)

@@ -15,7 +15,6 @@ from jax.sharding import Mesh
 
 from refiner_jax import sampling
 from refiner_jax.models.t5 import DECODER_START_ID, T5
-from refiner_jax.tokenizers import PAD_ID
 
 
 def _encode(params, encoder_tokens, *, config):
@@ -26,42 +25,39 @@ def _encode(params, encoder_tokens, *, config):
 
 
 def _decode(params, cross_kv, encoder_tokens, rng, temperature, top_k, top_p, min_new_tokens, decoder_prompt,
-            *, config, num_samples, max_new_tokens, max_top_k, eos_id, row_chunks):
+            *, config, num_samples, max_new_tokens, max_top_k, row_chunks):
     """`sample_t5`'s decode loop on the encoded prompts -> `[batch, num_samples, ...]` leaves. `decoder_prompt`
-    [batch, P]: the start token, then each row's forced target prefix (right-padded with PAD_ID)."""
+    [batch, P]: the start token, then each row's forced target prefix (right-padded with `config.pad_id`)."""
     model = T5(config)
     variables = {"params": params}
-    encoder_mask = encoder_tokens != PAD_ID  # [batch, enc_len], per prompt: a prompt's samples share it
+    encoder_mask = encoder_tokens != config.pad_id  # [batch, enc_len], per prompt: a prompt's samples share it
     output_kernel = model.apply(variables, method=T5.output_kernel)  # [d_model, vocab], once, outside the loop
     forced = decoder_prompt.shape[1]
 
     def decode(args):
-        cross_kv, encoder_mask, prompt, key = args
-        n = encoder_mask.shape[0] * num_samples
-        prompt = jnp.repeat(prompt, num_samples, axis=0)  # [n, P]
-        lengths = 1 + jnp.sum(prompt[:, 1:] != PAD_ID, axis=1) if forced > 1 else None
+        cross_kv, encoder_mask, prompt, key = args  # one group of prompts
+        lengths = 1 + jnp.sum(prompt[:, 1:] != config.pad_id, axis=1) if forced > 1 else None  # [rows]
 
-        def tokens_to_logits(tokens, index, cache):
+        def tokens_to_logits(tokens, index, cache):  # tokens [rows * num_samples]: samples share cross_kv
             return model.apply(variables, tokens, index, cache, cross_kv, encoder_mask, output_kernel,
                                method=T5.decode_step)
 
-        return sampling.sample(tokens_to_logits, T5.init_cache(config, n, forced - 1 + max_new_tokens), prompt, key,
-                               prompt_lengths=lengths, max_new_tokens=max_new_tokens, temperature=temperature,
-                               top_k=top_k, top_p=top_p, min_new_tokens=min_new_tokens, eos_id=eos_id, pad_id=PAD_ID,
+        cache = T5.init_cache(config, prompt.shape[0], forced - 1 + max_new_tokens)
+        return sampling.sample(tokens_to_logits, cache, prompt, key, num_samples=num_samples, prompt_lengths=lengths,
+                               max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                               min_new_tokens=min_new_tokens, eos_id=config.eos_ids, pad_id=config.pad_id,
                                max_top_k=max_top_k)
 
-    batch = encoder_mask.shape[0]
     if row_chunks == 1:
-        out = decode((cross_kv, encoder_mask, decoder_prompt, rng))
-    else:  # one decode loop per group of prompts, run one after another
-        out = jax.lax.map(decode, (jax.tree.map(lambda x: x.reshape(row_chunks, -1, *x.shape[1:]),
-                                                (cross_kv, encoder_mask, decoder_prompt))
-                                   + (jax.random.split(rng, row_chunks),)))
-        out = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)  # [chunks, rows, ...] -> [batch * k, ...]
-    return jax.tree.map(lambda x: x.reshape(batch, num_samples, *x.shape[1:]), out)
+        return decode((cross_kv, encoder_mask, decoder_prompt, rng))
+    # One decode loop per group of prompts, run one after another.
+    out = jax.lax.map(decode, (jax.tree.map(lambda x: x.reshape(row_chunks, -1, *x.shape[1:]),
+                                            (cross_kv, encoder_mask, decoder_prompt))
+                               + (jax.random.split(rng, row_chunks),)))
+    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)  # [chunks, rows, k, ...] -> [batch, k, ...]
 
 
-_STATIC = ("config", "num_samples", "max_new_tokens", "max_top_k", "eos_id", "row_chunks")
+_STATIC = ("config", "num_samples", "max_new_tokens", "max_top_k", "row_chunks")
 _encode_jit = jax.jit(_encode, static_argnames=("config",))
 
 
@@ -120,7 +116,7 @@ def auto_row_chunks(config, batch: int, enc_len: int, num_samples: int, max_new_
 
 
 def sample_t5(params, encoder_tokens, rng, *, config, max_new_tokens: int, num_samples: int = 1, temperature=1.0,
-              top_k=0, top_p=1.0, min_new_tokens=0, max_top_k: int = 64, eos_id: int = 1,
+              top_k=0, top_p=1.0, min_new_tokens=0, max_top_k: int = 64,
               row_chunks: int | None = None, mesh: Mesh | None = None, target_prefix=None) -> sampling.SampleOutput:
     """`num_samples` continuations per prompt from a T5 (jitted; returns `[batch, num_samples, ...]` leaves).
 
@@ -128,11 +124,12 @@ def sample_t5(params, encoder_tokens, rng, *, config, max_new_tokens: int, num_s
     the self-attention cache is preallocated for `max_new_tokens`. Two programs, the encoder and the decode loop,
     each compiled once per (config, batch, prompt length, num_samples, max_new_tokens, max_top_k, row_chunks, mesh):
     temperature, top_k, top_p and min_new_tokens are traced (see `sampling.sample` for their meaning). Pad prompt
-    lengths to a few buckets (`sampling.pad_to_bucket`) to keep compilations bounded.
+    lengths to a few buckets (`sampling.pad_to_bucket`) to keep compilations bounded. A row ends at `config.eos_ids`
+    and is padded with `config.pad_id` (T5's 1 and 0).
 
     Args:
       params: the T5's unboxed parameters (passed to the compiled function as arguments, not baked in).
-      encoder_tokens: `[batch, enc_len]` int32 prompts, pad (0) on the right.
+      encoder_tokens: `[batch, enc_len]` int32 prompts, pad (`config.pad_id`, 0) on the right.
       rng: PRNG key.
       row_chunks: decode the batch (with a mesh: each device's slice) as this many groups of prompts, one after
         another (must divide it); None picks it with `auto_row_chunks`. Greedy outputs do not depend on it; sampled
@@ -162,7 +159,7 @@ def sample_t5(params, encoder_tokens, rng, *, config, max_new_tokens: int, num_s
                          + (f" on each of the {devices} devices" if devices > 1 else ""))
     knobs = sampling.traced_knobs(temperature, top_k, top_p, min_new_tokens, max_top_k)
     static = dict(config=config, num_samples=num_samples, max_new_tokens=max_new_tokens, max_top_k=max_top_k,
-                  eos_id=eos_id, row_chunks=row_chunks)
+                  row_chunks=row_chunks)
     if devices == 1:
         cross_kv = _encode_jit(params, encoder_tokens, config=config)
         return _decode_jit(platform)(params, cross_kv, encoder_tokens, rng, *knobs, decoder_prompt, **static)

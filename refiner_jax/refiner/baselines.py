@@ -7,6 +7,10 @@ without the feedback loop:
     together (the run's "matched" stage), alone;
   * `generator_rerank`: the generator's best of turns + 1 samples by its own log-probability, as many generations
     as the loop's first answer and its T revisions.
+Generators trained beside the REFINER one (`COMPARED`: the matched generator, and with `refiner.controls` the loop
+with random feedback and the warm-up continued without feedback, both from the REFINER loop's starting checkpoint
+with its updates) are also evaluated with the trained and the oracle critic (`<key>_critic`, `<key>_oracle`): the
+REFINER generator's rows against theirs tell what the loop's feedback adds beyond its extra updates.
 Each row's `gain_vs` is its paired difference from every baseline row, resampling problems (`stats.bootstrap_ci`).
 """
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
+from refiner_jax.refiner import feedback_loop
 from refiner_jax.refiner.evaluation import summarize_metrics
 from refiner_jax.stats import bootstrap_ci
 from refiner_jax.tasks.base import Example, Task
@@ -25,6 +30,13 @@ BASELINE_LABELS = {
     "generator_matched": "Matched generator alone (generator + critic's problems and updates)",
     "generator_rerank": "Generator, best of {n} samples by its log-probability",
 }
+# The run stages whose generators are compared with the REFINER one: stage -> (row key, name in the row labels).
+COMPARED = {
+    "matched": ("generator_matched", "Matched generator"),
+    "refiner_random": ("refiner_random", "REFINER loop with random feedback"),
+    "sft_continued": ("sft_continued", "Warm-up continued without feedback (the loop's updates)"),
+}
+CRITIC_LABELS = {"critic": "+ trained critic (T={turns})", "oracle": "+ oracle critic (T={turns})"}
 RERANK_SEED = 7919  # offset of the rerank samples' key from the run's seed
 # Which refinement trajectories hold each existing row's hypotheses (None: turn 0, shared by all of them).
 _ROW_SETTINGS = {"generator": None, "critic_t1": "critic", "critic": "critic", "oracle": "oracle"}
@@ -42,6 +54,21 @@ def rerank_answers(generator, examples: Sequence[Example], num_samples: int, tem
         [ex.x for ex in examples], num_samples=num_samples, temperature=temperature, top_p=top_p,
         rng=jax.random.key(RERANK_SEED + seed))
     return best_by_log_prob(texts, log_probs)
+
+
+def refined_answers(task: Task, generator, key: str, name: str, critics: Mapping[str, Any],
+                    examples: Sequence[Example], turns: int, template: str
+                    ) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """({row key: one answer per problem}, {row key: label}) of a compared generator: its greedy answer (`key`) and
+    its final answer after `turns` rounds with each critic of `critics` ({"critic": ..., "oracle": ...}; row
+    `<key>_<critic name>`), every loop starting from that greedy answer."""
+    z0 = generator.greedy([ex.x for ex in examples])
+    answers, labels = {key: z0}, {key: f"{name} alone"}
+    for critic_name, critic in critics.items():
+        trajectories = feedback_loop.refine(generator, critic, task, examples, turns, template, initial=z0)
+        answers[f"{key}_{critic_name}"] = feedback_loop.final_hypotheses(trajectories)
+        labels[f"{key}_{critic_name}"] = f"{name} {CRITIC_LABELS[critic_name].format(turns=turns)}"
+    return answers, labels
 
 
 def paired_delta(scores: Sequence[float], baseline: Sequence[float], samples: int, seed: int) -> dict[str, float]:

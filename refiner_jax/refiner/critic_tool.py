@@ -5,7 +5,9 @@ LLM's answers), JSONL out with "feedback" added; optionally "prompt", a few-shot
 demonstrations of (question, wrong hypothesis, critic feedback, corrected hypothesis), then the record's question,
 hypothesis and feedback, asking for the revision. A question from another system has no gold answer, so it becomes
 an `Example` with empty z and y; tasks whose critic input needs more than the question (Moral Stories reads the
-gold moral action) take it from the record's "y" field.
+gold moral action) take it from the record's "y" field. A line the tool cannot read (not JSON, a missing field, a
+hypothesis the task's `RecordFormat` cannot parse) is not judged: it is written in its place with an "error" field.
+The critic answers with the "No hint" threshold calibrated for it (`calibrated_threshold`), or one given explicitly.
 
 Interactive refinement: `interactive_refine` shows the problem and the generator's hypothesis, a person types
 feedback (Enter accepts the trained critic's suggestion; "ok" / "No hint" accepts the hypothesis), the generator
@@ -17,11 +19,13 @@ import dataclasses
 import json
 import os
 import random
+import re
 import sys
-from typing import Any, Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from refiner_jax import atomic_files
 from refiner_jax.refiner import critics, feedback_loop
+from refiner_jax.tasks.mwp.formula import parse_formula
 from refiner_jax.tasks.base import (DEFAULT_REFINE_TEMPLATE, NO_HINT, DataError, Example, Task, as_task_question,
                                     gold_fields_read, is_no_hint, json_objects, raise_problems)
 
@@ -81,13 +85,76 @@ def records_to_examples(records: Sequence[dict], task: Task, source: str = "<inp
                                "external record cannot provide; this critic cannot be used as a tool")
     examples = []
     for i, r in enumerate(records):
-        if "y" in needed and not r.get("y"):
-            raise CriticInputError(f"{source}:{r.get('_line', i + 1)}: task {task.name!r}'s critic reads the "
-                                   "gold answer; add it as \"y\" to every record")
+        missing = _missing_gold(task, r, f"{source}:{r.get('_line', i + 1)}")
+        if missing is not None:
+            raise CriticInputError(missing)
         examples.append(Example(uid=str(r.get("id", f"line-{r.get('_line', i + 1)}")),
                                 x=as_task_question(task, r["question"]), z="",
                                 y=r.get("y", "") if "y" in needed else ""))
     return examples
+
+
+def _missing_gold(task: Task, record: dict, where: str) -> str | None:
+    if "y" in gold_fields_read(task) and not record.get("y"):
+        return f"{where}: task {task.name!r}'s critic reads the gold answer; add it as \"y\" to every record"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordFormat:
+    """The tool's input records for one task: an example record (the launcher's --help shows it), and what makes a
+    hypothesis unreadable for the task's critic, (question, hypothesis) -> the problem and its fix, or None."""
+
+    example: dict
+    hypothesis_problem: Callable[[str, str], str | None] | None = None
+
+
+_NUMBER = re.compile(r"\bnumber\d+\b")
+
+
+def _mwp_hypothesis_problem(question: str, hypothesis: str) -> str | None:
+    """An MWP hypothesis is an equation over the question's masked numbers (`numberK`)."""
+    parsed = parse_formula(hypothesis)
+    if parsed.formula is None:
+        return (f"not an equation of the mwp task ({parsed.error}); write steps \"#k: op ( a, b )\" joined by "
+                "\" | \" (op: add, subtract, multiply, divide; a, b: numberK or #j), e.g. "
+                "\"#0: add ( number0, number1 )\"")
+    unknown = sorted(set(_NUMBER.findall(hypothesis)) - set(_NUMBER.findall(question)))
+    if unknown:
+        return (f"uses {', '.join(unknown)}, which the question does not hold; write the question's numbers as "
+                "number0, number1, ... (in order) and use those names in the equation")
+    return None
+
+
+RECORD_FORMATS = {
+    "mwp": RecordFormat({"question": "Ann has number0 pens and buys number1 more . How many ?",
+                         "hypothesis": "#0: add ( number0, number1 )"}, _mwp_hypothesis_problem),
+}
+GENERIC_RECORD_FORMAT = RecordFormat({"question": "<the problem, written as the task's data writes it>",
+                                      "hypothesis": "<the answer to critique>"})
+
+
+def record_format(task_name: str) -> RecordFormat:
+    """The task's input records (MWP's: masked numbers and equations; any other task's: any text)."""
+    return RECORD_FORMATS.get(task_name, GENERIC_RECORD_FORMAT)
+
+
+def calibrated_threshold(workdir: str, threshold: float | None = None) -> float:
+    """The "No hint" threshold the tool gives the run's trained critic: `threshold` when given, else the one
+    calibrated for it (`critic/calibration.json`). Without either it refuses (FileNotFoundError naming the fix): an
+    uncalibrated critic also criticises right hypotheses."""
+    critic_dir = os.path.join(workdir, "critic")
+    if not os.path.isdir(os.path.join(critic_dir, "export")):
+        raise FileNotFoundError(f"{critic_dir}/export does not exist: {workdir} has no trained critic yet; train its "
+                                f"critic stage (launch/train.py --workdir={workdir})")
+    calibrated = critics.read_calibration(critic_dir) if threshold is None else threshold
+    if calibrated is None:
+        raise FileNotFoundError(
+            f"{os.path.join(critic_dir, critics.CALIBRATION_FILE)} is missing: the critic of {workdir} is not "
+            "calibrated yet (its \"No hint\" threshold is set once the run's training stages finish; without it "
+            "the critic also criticises right hypotheses); rerun the run's launch/train.py command with "
+            f"--workdir={workdir} --stages=eval (it calibrates, then evaluates), or pass --threshold explicitly")
+    return float(calibrated)
 
 
 # ----------------------------------------------------------------------------------------------- prompts
@@ -248,70 +315,101 @@ def budget_warning(critic: critics.Critic, examples: Sequence[Example], hypothes
 
 @dataclasses.dataclass(frozen=True)
 class ToolResult:
-    """What `run_tool` did: records written, and one message per input line it skipped (file, line, field)."""
+    """What `run_tool` did: records judged (written with "feedback"), and one message per input line it could not
+    read (file, line, field; written with "error" instead)."""
 
     written: int
     problems: tuple[str, ...]
 
 
-def usable_records(task: Task, input_path: str) -> tuple[list[dict], list[str]]:
-    """(the input's good records, one message per bad line); raises CriticInputError when no record is usable or
-    the task's critic cannot read external records at all."""
+@dataclasses.dataclass(frozen=True)
+class InputLine:
+    """One non-blank line of the tool's input: its number, the object it holds (None: not a JSON object) and why it
+    cannot be judged (None: it can)."""
+
+    line: int
+    record: dict | None
+    error: str | None
+
+
+def read_input(task: Task, path: str) -> list[InputLine]:
+    """Every non-blank line of a JSONL input, in order, each checked against the task's `RecordFormat` (fields,
+    gold fields its critic reads, a hypothesis the task can parse). Raises CriticInputError when the file is
+    missing or the task's critic cannot read external records at all."""
+    if not os.path.isfile(path):
+        raise CriticInputError(f"{path}: input file not found; expected {_RECORD_HELP}")
+    records_to_examples([], task, path)  # a critic that reads the gold z takes no external record at all
     problems: list[str] = []
-    records_to_examples([], task, input_path)  # a critic that reads the gold z takes no external record at all
-    good = []
-    for record in read_jsonl(input_path, problems):
-        try:
-            records_to_examples([record], task, input_path)  # a gold field the critic reads may be missing
-            good.append(record)
-        except CriticInputError as e:
-            problems.append(str(e))
-    if not good:
-        raise_problems(problems, input_path, CriticInputError)
-        raise CriticInputError(f"{input_path}: no records; expected {_RECORD_HELP}")
-    return good, problems
+    with open(path, "rb") as f:
+        lines = {number: InputLine(number, record, record_problem(task, record, f"{path}:{number}"))
+                 for number, record in json_objects(f, path, _RECORD_HELP, CriticInputError, problems)}
+    for problem in problems:  # `json_objects` names each bad line "<path>:<line>: ..."
+        number = int(problem[len(path) + 1:].split(":", 1)[0])
+        lines[number] = InputLine(number, None, problem)
+    return [lines[number] for number in sorted(lines)]
+
+
+def readable_input(task: Task, path: str) -> list[InputLine]:
+    """`read_input`, raising CriticInputError (every bad line named) when no line can be judged."""
+    lines = read_input(task, path)
+    if all(entry.error is not None for entry in lines):
+        raise_problems([entry.error for entry in lines], path, CriticInputError)
+        raise CriticInputError(f"{path}: no records; expected {_RECORD_HELP}")
+    return lines
+
+
+def record_problem(task: Task, record: dict, where: str) -> str | None:
+    """Why the tool cannot judge `record` (a missing or non-string field, a gold field the task's critic reads, a
+    hypothesis the task cannot parse), naming `where` and the fix; None when it can."""
+    problem = _record_problem(record, where)
+    if problem is not None:
+        return problem
+    missing = _missing_gold(task, record, where)
+    if missing is not None:
+        return missing
+    check = record_format(task.name).hypothesis_problem
+    wrong = check(record["question"], record["hypothesis"]) if check is not None else None
+    return None if wrong is None else f"{where}: \"hypothesis\" {record['hypothesis'][:80]!r}: {wrong}"
 
 
 def run_tool(critic: critics.Critic, task: Task, input_path: str, output_path: str, render: bool = False,
              demonstrations: Sequence[Demonstration] | None = None, chunk_size: int = 1024,
              warn: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
              locate: Locator | None = None) -> ToolResult:
-    """Reads `input_path`, writes its good records annotated to `output_path` (chunks of `chunk_size`, into a temp
-    file that replaces `output_path` only once complete) and reports each bad line through `warn`, skipping it.
-    Inputs over a trained critic's token budget are reported through `warn` too."""
+    """Reads `input_path` and writes one record per non-blank line to `output_path`, in order (chunks of
+    `chunk_size` lines, into a temp file that replaces `output_path` only once complete): a readable record with the
+    critic's "feedback" added, any other line as {"line": N, "error": why} with the fields it had. One summary of
+    the unread lines, and inputs over a trained critic's token budget, go through `warn`. Raises CriticInputError,
+    writing nothing, when no line can be read."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    records, problems = usable_records(task, input_path)
-    for problem in problems:
-        warn(f"skipped {problem}")
-    examples = records_to_examples(records, task, input_path)
-    message = budget_warning(critic, examples, [r["hypothesis"] for r in records])
+    lines = readable_input(task, input_path)
+    problems = tuple(entry.error for entry in lines if entry.error is not None)
+    good = [{**entry.record, "_line": entry.line} for entry in lines if entry.error is None]
+    message = budget_warning(critic, records_to_examples(good, task, input_path), [r["hypothesis"] for r in good])
     if message:
         warn(message)
     fmt = prompt_format(task.name, demonstrations) if render else None
     written = 0
     with atomic_files.atomic_open(output_path) as f:
-        for start in range(0, len(records), chunk_size):
-            for record in annotate(records[start:start + chunk_size], critic, task, fmt, input_path, locate):
+        for start in range(0, len(lines), chunk_size):
+            chunk = lines[start:start + chunk_size]
+            readable = [{**entry.record, "_line": entry.line} for entry in chunk if entry.error is None]
+            judged = iter(annotate(readable, critic, task, fmt, input_path, locate))
+            for entry in chunk:
+                if entry.error is None:
+                    record = next(judged)
+                    written += 1
+                else:
+                    record = {**(entry.record or {}), "line": entry.line, "error": entry.error}
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
-                written += 1
-    return ToolResult(written, tuple(problems))
+    if problems:
+        warn(f"{len(problems)} of {len(lines)} records of {input_path} could not be read and were not judged; "
+             f"{output_path} has them with an \"error\" field instead of \"feedback\" (the first: {problems[0]})")
+    return ToolResult(written, problems)
 
 
 # ----------------------------------------------------------------------------------------------- interactive
-
-@dataclasses.dataclass
-class _Unscored:
-    """A task whose `score` returns nothing: a problem typed at the terminal has no gold to score against."""
-
-    task: Task
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.task, name)
-
-    def score(self, predictions, examples) -> dict[str, float]:
-        return {}
-
 
 def interactive_refine(task: Task, generator, example: Example, suggest: critics.Critic | None = None,
                        turns: int = 3, template: str = DEFAULT_REFINE_TEMPLATE,
@@ -327,13 +425,13 @@ def interactive_refine(task: Task, generator, example: Example, suggest: critics
 
     human = critics.HumanCritic(suggest=suggest, ask=ask_feedback, show=show)
     scored = bool(example.z)
-    [trajectory] = feedback_loop.refine(generator, human, task if scored else _Unscored(task), [example], turns,
+    [trajectory] = feedback_loop.refine(generator, human, task if scored else None, [example], turns,
                                         template)
     stopped = len(trajectory.feedback) > len(trajectory.hypotheses) - 1
     show(f"\nFinal hypothesis ({len(trajectory.hypotheses) - 1} revision(s)"
          f"{', accepted' if stopped else ', turn limit reached'}): {trajectory.hypotheses[-1]}")
     if scored:
-        metric = getattr(task, "primary_metric", None) or next(iter(trajectory.scores[0]), None)
+        metric = task.primary_metric or next(iter(trajectory.scores[0]), None)
         show(f"Gold: {example.z}")
         if metric is not None:
             show(f"{metric} per turn: " + " -> ".join(f"{s.get(metric, float('nan')):.0%}"

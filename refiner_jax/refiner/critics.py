@@ -11,7 +11,7 @@ import dataclasses
 import json
 import os
 import random
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import jax
 import numpy as np
@@ -19,7 +19,10 @@ from jax.sharding import Mesh
 
 from refiner_jax.tasks.base import NO_HINT, Example, Task, as_task_question, gold_fields_read, sentences_about
 from refiner_jax import text_model
-from refiner_jax.text_model import RunInfo, TextModel
+from refiner_jax.text_model import TextModel
+
+if TYPE_CHECKING:  # annotations only: runs/ imports refiner/, never the other way at run time
+    from refiner_jax.runs.run_info import RunInfo
 
 CRITIC_MODES = ("feedback", "solve")  # config.critic.mode: `ModelCritic` (x + hypothesis -> feedback), `SolverCritic`
 CALIBRATION_FILE = "calibration.json"  # beside a trained critic's export: its calibrated "No hint" threshold
@@ -74,11 +77,10 @@ class ModelCritic:
         task's sentences about that step (`task.step_sentences`), the one it finds most likely, whether or not it
         would speak unprompted. A task without them gets the sentences of its feedback about the step ("No hint"
         when none names it)."""
-        options = getattr(self.task, "step_sentences", None)
-        if options is None:
+        asked = [self.task.step_sentences(k) for k in steps]
+        if not all(asked):
             return [sentences_about(f, k) or NO_HINT for f, k in zip(self.feedback(examples, hypotheses), steps)]
         inputs = self._inputs(examples, hypotheses)
-        asked = [options(k) for k in steps]
         log_probs = self.model.score([x for x, o in zip(inputs, asked) for _ in o], [s for o in asked for s in o])
         out, at = [], 0
         for o in asked:

@@ -56,9 +56,9 @@ def summarize_metrics(per_example: Sequence[Mapping[str, float]], whole: Mapping
 
 def primary_metric(task: Task, metric_names: Sequence[str]) -> str:
     """The task's headline metric (`task.primary_metric`; the first score key for a task that names none)."""
-    name = getattr(task, "primary_metric", None) or (metric_names[0] if metric_names else None)
+    name = task.primary_metric or (metric_names[0] if metric_names else None)
     if name is None or name not in metric_names:
-        raise ValueError(f"task {getattr(task, 'name', task)!r}: primary_metric {name!r} is not one of its score keys "
+        raise ValueError(f"task {task.name!r}: primary_metric {name!r} is not one of its score keys "
                          f"{list(metric_names)}; set the task's primary_metric to one of them")
     return name
 
@@ -161,7 +161,7 @@ def evaluate_refinement(task: Task, generator, critic: critics.Critic | None, or
                  "gain": paired_gain(runs["oracle"], primary, None, bootstrap_samples, seed)})
 
     results: dict[str, Any] = {
-        "task": getattr(task, "name", type(task).__name__),
+        "task": task.name,
         "primary_metric": primary,
         "num_examples": len(examples),
         "turns": turns,
@@ -358,7 +358,7 @@ def critic_quality(task: Task, critic: critics.Critic, examples: Sequence[Exampl
             groups.setdefault(kind, []).append(hit)
         if not gold.ok:
             groups.setdefault("any_error", []).append(hit)
-    order = ["all", "no_error", "any_error"] + [k for k in getattr(task, "error_kinds", ()) if k != "no_error"]
+    order = ["all", "no_error", "any_error"] + [k for k in task.error_kinds if k != "no_error"]
     order += sorted(k for k in groups if k not in order)
     per_type = {}
     for kind in order:

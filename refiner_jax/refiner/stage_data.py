@@ -20,13 +20,17 @@ import jax
 import numpy as np
 
 from refiner_jax import stats
-from refiner_jax.refiner import evaluation
+from refiner_jax.refiner import evaluation, feedback_loop
 from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task, refine_input
 from refiner_jax.text_model import TextModel
 
 
 def _rng(seed: int, step: int, *salt: int) -> random.Random:
     return random.Random(hash((seed, step) + salt) & 0xFFFFFFFF)
+
+
+def _never(feedback: str) -> bool:
+    return False
 
 
 def critic_pairs(task: Task, examples: Sequence[Example], seed: int, generator: TextModel | None = None,
@@ -159,14 +163,14 @@ def refiner_pairs(task: Task, examples: Sequence[Example], generator: TextModel,
         for turn in range(1, refiner_cfg.turns):
             samples = model.generate(inputs, num_samples=refiner_cfg.samples, top_p=refiner_cfg.top_p,
                                      temperature=refiner_cfg.temperature, rng=jax.random.fold_in(key, turn))
-            inputs = []
-            for ex, candidates in zip(batch, samples):
-                chosen = select(candidates, task, ex, refiner_cfg.selection, rng)
-                if rng.random() < refiner_cfg.feedback_noise:
-                    feedback = task.perturb(ex, rng)[1].text
-                else:
-                    feedback = task.oracle_feedback(ex, chosen).text
-                inputs.append(refine_input(ex.x, chosen, feedback, refiner_cfg.template))
+            chosen, feedback = [], []
+            for ex, candidates in zip(batch, samples):  # one draw stream: selection and noise alternate
+                chosen.append(select(candidates, task, ex, refiner_cfg.selection, rng))
+                noisy = rng.random() < refiner_cfg.feedback_noise
+                feedback.append(task.perturb(ex, rng)[1].text if noisy else task.oracle_feedback(ex, chosen[-1]).text)
+            # Every problem goes on whatever its feedback: "No hint" teaches the generator to keep its answer.
+            inputs = feedback_loop.revision_turn(batch, chosen, feedback, template=refiner_cfg.template,
+                                                 stops=_never).prompts
             pairs += [(x, task.target(ex)) for x, ex in zip(inputs, batch)]
         return pairs
 

@@ -24,6 +24,8 @@ METRICS = ("f1", "acc_erroneous", "acc_correct")
 PAIRS = (("prm", "orm"), ("prm", "policy_log_prob"), ("orm", "policy_log_prob"), ("prm", "prm_rollouts"),
          ("prm", "critic"))
 _STEP_REF = re.compile(r"#\s*(\d+)")
+# A batched step scorer: (problems, each one's steps) -> each one's per-step scores.
+StepScores = Callable[[Sequence[str], Sequence[Sequence[str]]], Sequence[Sequence[float]]]
 
 
 def gold_first_error(step_labels: Sequence[bool], outcome: bool = True) -> int:
@@ -56,6 +58,18 @@ def _f1(gold: np.ndarray, predicted: np.ndarray) -> float:
     a = float((predicted[err] == gold[err]).mean()) if err.any() else 0.0
     b = float((predicted[cor] < 0).mean()) if cor.any() else 0.0
     return 2 * a * b / (a + b) if a + b > 0 else 0.0
+
+
+def step_score_predictions(records: Sequence[StepRecord], score_steps: StepScores,
+                           threshold: float) -> tuple[list[np.ndarray], np.ndarray]:
+    """(each record's step scores, [cases] its predicted first wrong step) from any batched step scorer
+    `score_steps(problems, steps)` -> per-step scores (a public PRM's `TaggedStepScorer.score_steps`, or a
+    function over a trained PRM's): the first step scored below `threshold`."""
+    step_scores = [np.asarray(s, np.float64) for s in score_steps([r.problem for r in records],
+                                                                  [r.steps for r in records])]
+    if len(step_scores) != len(records) or any(len(s) != len(r.steps) for s, r in zip(step_scores, records)):
+        raise ValueError("the step scorer must return one score per step of every record")
+    return step_scores, first_below(step_scores, threshold)
 
 
 def choose_threshold(step_scores: Sequence[Sequence[float]], gold: Sequence[int], candidates: int = 200) -> float:

@@ -5,7 +5,8 @@ reward model computed elsewhere, so this module needs only numpy (and matplotlib
 a `Selection`: per problem the chosen sample's index (-1 when no sample has an answer, which counts as wrong), its
 answer and a confidence for selective prediction. `Selection.outcome` turns per-sample correctness into per-problem
 `Outcome`s, from which `results_table` reports final-answer error, trace error and error at an abstention rate,
-with percentile-bootstrap intervals over problems.
+with percentile-bootstrap intervals over problems. `RULES` is the one registry of the rules the runs' tables print
+(`rule_rows`): a rule added there is a row of every run that supplies the scores it reads.
 """
 from __future__ import annotations
 
@@ -131,8 +132,8 @@ def _scores(scores, enc: _Answers, rule: str) -> np.ndarray:
     s = np.asarray(scores, np.float64)
     if s.shape != enc.valid.shape:
         raise ValueError(f"scores shape {s.shape} != answers shape {enc.valid.shape}")
-    if not np.isfinite(s[enc.valid]).all():
-        raise ValueError("scores must be finite for every sample with an answer")
+    if np.isnan(s[enc.valid]).any() or np.isposinf(s[enc.valid]).any():
+        raise ValueError("scores must be finite (or -inf: unscored) for every sample with an answer")
     return s
 
 
@@ -171,12 +172,28 @@ def best_of_k(answers, scores) -> Selection:
     return _selection(enc, index, s[np.arange(len(index)), index])
 
 
+def best_scored(answers, scores) -> Selection:
+    """The highest-scoring sample whether or not it has an answer (a verifier's pick among whole solutions: one
+    without an answer can be chosen, and then counts wrong); ties go to the earlier sample, -inf marks a sample the
+    verifier could not score. Confidence: that top score."""
+    enc = _encode(answers)
+    s = np.asarray(scores, np.float64)
+    if s.shape != enc.valid.shape or np.isnan(s).any() or np.isposinf(s).any():
+        raise ValueError(f"best_scored needs [n, K] scores like the answers {enc.valid.shape} without NaN or +inf; "
+                         f"got shape {s.shape}")
+    index = s.argmax(axis=1)
+    rows = np.arange(len(index))
+    return Selection(index, [enc.rows[i][j] for i, j in enumerate(index.tolist())], s[rows, index])
+
+
 def weighted_vote(answers, scores) -> Selection:
     """The answer with the largest summed score over its samples (RM-weighted voting); exact ties go to the answer
     occurring first. The chosen sample is that answer's highest-scoring one (its best trace). Confidence: the
-    winning answer's summed score over the total of all answered samples' scores (0 when that total is 0)."""
+    winning answer's summed score over the total of all answered samples' scores (0 when that total is 0). An
+    unscored sample (-inf) weighs nothing."""
     enc = _encode(answers)
-    s = np.where(enc.valid, _scores(scores, enc, "weighted_vote"), 0.0)
+    s = _scores(scores, enc, "weighted_vote")
+    s = np.where(enc.valid & (s > -np.inf), s, 0.0)
     if (s < 0).any():
         raise ValueError("weighted_vote needs non-negative scores (e.g. probabilities of being correct)")
     mass = np.bincount(enc.group.ravel(), weights=s.ravel())[enc.group]  # [n, K] summed score of each answer
@@ -187,15 +204,59 @@ def weighted_vote(answers, scores) -> Selection:
     return _selection(enc, index, np.where(total > 0, mass[rows, winner] / np.where(total > 0, total, 1), 0.0))
 
 
-RULES: dict[str, Callable[..., Selection]] = {"greedy": greedy, "majority_vote": majority_vote,
-                                              "best_of_k": best_of_k, "weighted_vote": weighted_vote}
+# ----------------------------------------------------------------------------------------------- the rules' rows
 
 
-def select(rule: str, answers, scores=None) -> Selection:
-    """`RULES[rule](answers, scores)` with a clear error for an unknown rule name."""
-    if rule not in RULES:
-        raise ValueError(f"unknown selection rule {rule!r}; expected one of {tuple(RULES)}")
-    return RULES[rule](answers, scores)
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A K-sample selection rule as a row of the results tables: its `label` as printed (`{k}`: the samples per
+    problem), `choose(answers, scores) -> Selection`, and `reads`, the name of the score source it ranks or weighs
+    by (None: the answers alone). A run supplies the sources it has, and every rule reading one of them is a row."""
+
+    name: str
+    label: str
+    choose: Callable[..., Selection]
+    reads: str | None = None
+
+
+# Score sources: "orm", "prm" (the run's `prm_reduction`), "log_prob" (the policy's), "prm_rollouts" (the PRM on
+# rollout labels), "critic" (a REFINER critic's confidence), all over the samples with an answer; "verifier" (the
+# joint system's step verifier, its lowest step score) over every sample, as the joint system picks the sample it
+# starts from, so its rerank keeps the plain rerank's label with a rule of its own.
+RULES: tuple[Rule, ...] = (
+    Rule("majority_vote", "SFT majority vote (K={k})", majority_vote),
+    Rule("orm_rerank", "ORM rerank (K={k})", best_of_k, "orm"),
+    Rule("prm_rerank", "PRM rerank (K={k})", best_of_k, "prm"),
+    Rule("orm_weighted_vote", "ORM-weighted vote (K={k})", weighted_vote, "orm"),
+    Rule("prm_weighted_vote", "PRM-weighted vote (K={k})", weighted_vote, "prm"),
+    Rule("log_prob_rerank", "SFT log-prob rerank (K={k})", best_of_k, "log_prob"),
+    Rule("rollout_prm_rerank", "PRM (rollout labels) rerank (K={k})", best_of_k, "prm_rollouts"),
+    Rule("critic_rerank", "REFINER critic rerank (K={k})", best_of_k, "critic"),
+    Rule("verifier_rerank", "PRM rerank (K={k})", best_scored, "verifier"),
+    Rule("verifier_weighted_vote", "PRM-weighted vote (K={k})", weighted_vote, "verifier"),
+)
+
+
+def rule(name: str) -> Rule:
+    """The rule of `RULES` called `name`, with a clear error for an unknown one."""
+    found = [r for r in RULES if r.name == name]
+    if not found:
+        raise ValueError(f"unknown selection rule {name!r}; expected one of {tuple(r.name for r in RULES)}")
+    return found[0]
+
+
+def select(name: str, answers, scores: Mapping[str, object] | None = None) -> Selection:
+    """Rule `name`'s choice, reading its source of `scores` (a mapping from source name to [n, K] scores)."""
+    chosen = rule(name)
+    if chosen.reads is not None and chosen.reads not in (scores or {}):
+        raise ValueError(f"selection rule {name!r} reads the {chosen.reads!r} scores; none were given")
+    return chosen.choose(answers, None if chosen.reads is None else scores[chosen.reads])
+
+
+def rule_rows(answers, scores: Mapping[str, object], k: int) -> dict[str, Selection]:
+    """`{label: Selection}` of every rule in `RULES` that reads the answers alone or a source of `scores`, in the
+    registry's order: the K-sample rows of a results table."""
+    return {r.label.format(k=k): select(r.name, answers, scores) for r in RULES if r.reads is None or r.reads in scores}
 
 
 # ----------------------------------------------------------------------------------------------- metrics

@@ -1,5 +1,7 @@
 """A trained reward model (`models.reward_model.RewardModel`) as a batched function of (prompt, solution, steps) ->
-per-step P(correct so far), all steps of a solution in one forward pass; its export and loading.
+per-step P(correct so far), all steps of a solution in one forward pass; its export and loading. A public process
+reward model (`models.hf_reward`: Qwen2.5-Math-PRM, Math-Shepherd) is the same kind of scorer (`TaggedStepScorer`,
+`load_public_prm`), so reranking and the first-error evaluation take either.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import jax
 import numpy as np
 
 from refiner_jax import checkpoint as ckpt_lib
+from refiner_jax.models import hf_reward
 from refiner_jax.models.language_model import LanguageModel, config_from_dict, family_of
 from refiner_jax.models.reward_model import RewardModel, step_log_odds
 from refiner_jax.reward import rerank
@@ -107,3 +110,81 @@ def load_reward_model(stage_dir: str, tokenizer: Tokenizer, task: Task, input_le
     module = RewardModel(lm, meta["head"], tuple(meta["label_ids"]), meta.get("likelihood", False))
     return RewardScorer(module, params, tokenizer, input_len, target_len, meta["max_steps"], batch_size,
                         task.split_steps)
+
+
+@dataclasses.dataclass
+class TaggedStepScorer:
+    """A public PRM (`hf_reward.load_process_reward_model`'s `score_fn`) as a batched scorer of solutions with
+    `RewardScorer`'s `step_scores` / `solution_scores`: each solution is laid out by `render(problem, steps)` (a
+    step tag after every step), tokenized by `tokenizer` (a transformers tokenizer) and scored at its tags. Rows
+    go in batches of `batch_size`, in order of length so that padding stays small."""
+
+    score_fn: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    tokenizer: Any
+    render: Callable[[str, Sequence[str]], str]
+    step_tag_id: int
+    batch_size: int = 8
+    split_steps: Callable[[str], list[str]] = _one_step  # a task's `split_steps`
+
+    def score_steps(self, problems: Sequence[str], steps: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """P(right so far) at each step of each (problem, steps) solution; an empty array for no steps."""
+        ids = [list(self.tokenizer(self.render(p, s))["input_ids"]) if s else [] for p, s in zip(problems, steps)]
+        for i, (row, s) in enumerate(zip(ids, steps)):
+            tags = row.count(self.step_tag_id)
+            if tags != len(s):
+                raise ValueError(f"solution {i} has {len(s)} steps but {tags} step tags (id {self.step_tag_id}) "
+                                 "once tokenized; remove the tag's text from the steps or pick another step tag")
+        out: list[np.ndarray] = [np.zeros(0, np.float32) for _ in ids]
+        order = [i for i in np.argsort([len(r) for r in ids], kind="stable") if ids[i]]
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start:start + self.batch_size]
+            width = max(len(ids[i]) for i in chunk)
+            tokens, mask = np.zeros((len(chunk), width), np.int32), np.zeros((len(chunk), width), bool)
+            for row, i in enumerate(chunk):
+                tokens[row, :len(ids[i])], mask[row, :len(ids[i])] = ids[i], True
+            probs = self.score_fn(tokens, mask)  # [rows, width], NaN off the tags
+            for row, i in enumerate(chunk):
+                out[i] = probs[row][tokens[row] == self.step_tag_id][:len(steps[i])].astype(np.float32)
+        return out
+
+    def step_scores(self, prompts: Sequence[str], texts: Sequence[str]) -> list[np.ndarray]:
+        """P(right so far) at each step of each solution, the steps cut by `split_steps`."""
+        return self.score_steps(prompts, [self.split_steps(t) for t in texts])
+
+    def solution_scores(self, prompts: Sequence[str], texts: Sequence[str], reduction: str = "last") -> np.ndarray:
+        """One score per solution (`rerank.solution_scores`); 0 for a solution with no scored step."""
+        return reduce_steps(self.step_scores(prompts, texts), reduction)
+
+
+def _token_id(tokenizer: Any, text: str, what: str) -> int:
+    """The id a tokenizer gives `text` alone (its last one, as Math-Shepherd reads its tag and label tokens)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise ValueError(f"{what} {text!r} tokenizes to nothing; pass a token the tokenizer knows")
+    return int(ids[-1])
+
+
+def load_public_prm(model: str | os.PathLike, tokenizer: Any = None, step_tag: str | None = None,
+                    good_token: str | None = None, bad_token: str | None = None, batch_size: int = 8,
+                    split_steps: Callable[[str], list[str]] = _one_step, **config_overrides) -> TaggedStepScorer:
+    """A public PRM checkpoint as a `TaggedStepScorer`. `tokenizer`: a transformers tokenizer, or a path or hub
+    name (default: the checkpoint's own). A `...ForProcessRewardModel` reads Qwen2.5-Math-PRM's chat
+    (`hf_reward.qwen_prm_messages`, tag "<extra_0>"); a causal LM reads Math-Shepherd's layout
+    (`hf_reward.math_shepherd_text`, tag "ки") and needs `good_token` and `bad_token` (Math-Shepherd: "+", "-")."""
+    if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
+        from transformers import AutoTokenizer  # only public checkpoints need it
+
+        tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer if tokenizer is not None else model))
+    layout = hf_reward.layout_of(model)
+    tag = step_tag or (hf_reward.QWEN_PRM_TAG if layout == "prm_head" else hf_reward.MATH_SHEPHERD_TAG)
+    labels = [None if t is None else _token_id(tokenizer, t, what) for t, what in
+              ((good_token, "good_token"), (bad_token, "bad_token"))]
+    score_fn, prm = hf_reward.load_process_reward_model(model, _token_id(tokenizer, tag, "step_tag"), *labels,
+                                                        **config_overrides)
+    if layout == "prm_head":
+        def render(problem: str, steps: Sequence[str]) -> str:
+            return tokenizer.apply_chat_template(hf_reward.qwen_prm_messages(problem, steps, tag), tokenize=False,
+                                                 add_generation_prompt=False)
+    else:
+        render = functools.partial(hf_reward.math_shepherd_text, tag=tag)
+    return TaggedStepScorer(score_fn, tokenizer, render, prm.step_tag_id, batch_size, split_steps)

@@ -26,7 +26,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from refiner_jax import atomic_files, text_model
+from refiner_jax import atomic_files
 from refiner_jax.joint import locate_explain_revise as joint, loop_baselines
 from refiner_jax.joint.revision_stats import revision_stats
 from refiner_jax.refiner.critics import OracleCritic, SolverCritic
@@ -34,6 +34,7 @@ from refiner_jax.reward import first_error, rerank
 from refiner_jax.reward.scorer import load_reward_model
 from refiner_jax.runs import (refiner_eval, refiner_run, results as results_lib, reward_run, run_config, run_lock,
                               seed_pool)
+from refiner_jax.runs.run_info import RunInfo
 from refiner_jax.tasks import get_task
 from refiner_jax.tasks.base import Example, Task
 
@@ -103,10 +104,10 @@ class _Models:
 
     def __init__(self, config, task: Task, refiner_dir: str, reward_dir: str):
         j = config.joint
-        info = text_model.RunInfo(refiner_dir, run_config.load(refiner_dir))
+        info = RunInfo(refiner_dir, run_config.load(refiner_dir))
         _, self.generator, self.critic = refiner_eval.load_run_models(info, task, j.batch_size)
         self.tokenizer = info.tokenizer()
-        reward = text_model.RunInfo(reward_dir, run_config.load(reward_dir))
+        reward = RunInfo(reward_dir, run_config.load(reward_dir))
         self.prm = load_reward_model(os.path.join(reward_dir, "prm"), reward.tokenizer(), task,
                                      reward.lengths["input"], reward.lengths["target"])
         self.template = info.config.refiner.template
@@ -128,7 +129,7 @@ class _Models:
     def explain_cost(self, example: Example, solution: str, said: str, first: bool = True) -> tuple[int, int]:
         """(tokens, passes) of asking the critic about one step: a solving critic's check costs what its feedback
         does; the paper's critic scores each of the task's sentences about the step and writes nothing."""
-        if isinstance(self.critic, SolverCritic) or not hasattr(self.task, "step_sentences"):
+        if isinstance(self.critic, SolverCritic) or not self.task.step_sentences(0):
             return self.critic_cost(example, solution, said, first)
         return 0, len(self.task.step_sentences(0))
 
@@ -188,23 +189,22 @@ def evaluate(config, out_dir: str, refiner_dir: str, reward_dir: str) -> dict:
     rows: dict[str, tuple[list[str], np.ndarray, joint.Compute]] = {}
     rows["first sample"] = ([hs[0] for hs in pool], np.array([joint.solution_score(ss[0]) for ss in pool_steps]),
                             sampled(1))
+    answers = [[task.answer_key(ex, h) for h in hs] for ex, hs in zip(test, pool)]  # [n][2K]
+    verifier = np.array([[joint.solution_score(s) for s in ss] for ss in pool_steps])  # [n, 2K]
 
-    def rerank_row(count):
-        chosen, conf = [], []
-        for hs, ss, c in zip(pool, pool_steps, np.broadcast_to(count, (len(pool),))):
-            scores = [joint.solution_score(s) for s in ss[:c]]
-            chosen.append(hs[int(np.argmax(scores))])
-            conf.append(max(scores))
-        return chosen, np.array(conf), sampled(count)
+    def selected(rule: str, count):
+        """`rerank.RULES`' rule over the first `count` samples of each problem (one count, or one per problem): the
+        chosen solutions (the first sample where none has an answer), their confidence and the samples' cost."""
+        counts = np.broadcast_to(count, (len(pool),))
+        width = int(counts.max())
+        drawn = np.arange(width) < counts[:, None]  # [n, width]
+        sel = rerank.select(rule, [[a if d else None for a, d in zip(row, ds)] for row, ds in zip(answers, drawn)],
+                            {"verifier": np.where(drawn, verifier[:, :width], -np.inf)})
+        return [hs[max(int(i), 0)] for hs, i in zip(pool, sel.index)], sel.confidence, sampled(count)
 
-    rows[f"PRM rerank (K={k})"] = rerank_row(k)
-
-    def vote_row(count: int):
-        chosen, confidence, _ = joint.weighted_vote(task, test, [hs[:count] for hs in pool],
-                                                    [ss[:count] for ss in pool_steps])
-        return [c if c is not None else hs[0] for c, hs in zip(chosen, pool)], confidence, sampled(count)
-
-    rows[f"PRM-weighted vote (K={k})"] = vote_row(k)
+    for r in rerank.RULES:  # every rule over the verifier's scores: "PRM rerank (K)", "PRM-weighted vote (K)"
+        if r.reads == "verifier":
+            rows[r.label.format(k=k)] = selected(r.name, k)
     variants = {FULL: joint.Variant(), f"{FULL}, no gate": joint.Variant(gate=False),
                 "locate + explain (only where the critic speaks unasked) + revise + rerank": joint.Variant(ask=False),
                 "locate only (\"#k is wrong\") + revise + rerank": joint.Variant(explain=False),
@@ -219,8 +219,7 @@ def evaluate(config, out_dir: str, refiner_dir: str, reward_dir: str) -> dict:
             asked = dict(critic=OracleCritic(task), critic_cost=_free, explain_cost=_free)
         out = joint.joint_refine(test, [hs[:k] for hs in pool], [ss[:k] for ss in pool_steps], task=task,
                                  generate=m.generate, score_steps=m.prm.step_scores, count_tokens=m.tokens,
-                                 location_feedback=_location_feedback(task), gate=gate,
-                                 step_threshold=step_threshold, variant=variant, template=m.template,
+                                 gate=gate, step_threshold=step_threshold, variant=variant, template=m.template,
                                  turns=j.turns, **asked)
         spent = sampled(k)
         revisions[f"{label} (K={k}, T={j.turns})"] = revision_stats(test, out, task)
@@ -229,14 +228,14 @@ def evaluate(config, out_dir: str, refiner_dir: str, reward_dir: str) -> dict:
     full_tokens = rows[f"{FULL} (K={k}, T={j.turns})"][2].tokens.mean()
     matched = int(min(2 * k, max(k, math.ceil(full_tokens / sample_tokens[:, :k].mean()))))
     equal = f"PRM rerank, equal compute (K={matched})"
-    rows[equal] = rerank_row(matched)
+    rows[equal] = selected("verifier_rerank", matched)
     # The same compute spent where the full system spends it: more samples only for the problems below the gate.
-    doubted = rows[f"PRM rerank (K={k})"][1] < gate
+    doubted = rows[rerank.rule("verifier_rerank").label.format(k=k)][1] < gate
     extra = next((e for e in range(k + 1) if sampled(k + e * doubted).tokens.mean() >= full_tokens), k)
     gated = f"PRM rerank, {extra} more samples below the gate, equal compute"
-    rows[gated] = rerank_row(k + extra * doubted)
+    rows[gated] = selected("verifier_rerank", k + extra * doubted)
     vote_equal = f"PRM-weighted vote, equal compute (K={matched})"
-    rows[vote_equal] = vote_row(matched)
+    rows[vote_equal] = selected("verifier_weighted_vote", matched)
     refiner_label = f"REFINER loop (T={j.turns})"
     rows[refiner_label] = _refiner_loop(m, task, test, j.turns)
     # The loop at equal compute: the fewest of the 2K samples which, each taken through the loop, spend the full
@@ -250,7 +249,7 @@ def evaluate(config, out_dir: str, refiner_dir: str, reward_dir: str) -> dict:
     stable = {equal: "PRM rerank, equal compute", gated: "PRM rerank, more samples below the gate, equal compute",
               vote_equal: "PRM-weighted vote, equal compute", loop_equal: "REFINER loop, equal compute"}
     return _report(config, out_dir, task, test, pool, rows, (equal, gated, vote_equal, refiner_label, loop_equal),
-                   revisions,
+                   revisions, results_lib.convergence({"refiner": refiner_dir, "reward": reward_dir}),
                    stable, {"gate": gate, "step_threshold": step_threshold, "equal_compute_samples": matched,
                     "samples_added_below_gate": extra, "share_below_gate": float(doubted.mean()),
                     "refiner_loop_starts": starts})
@@ -258,12 +257,6 @@ def evaluate(config, out_dir: str, refiner_dir: str, reward_dir: str) -> dict:
 
 def _free(example: Example, solution: str, said: str, first: bool) -> tuple[int, int]:
     return 0, 0
-
-
-def _location_feedback(task: Task):
-    """The feedback that only locates step k, in the task's own sentences (`Task.location_feedback`)."""
-    located = getattr(task, "location_feedback", None)
-    return located if located is not None else (lambda k: f"Step #{k} is incorrect.")
 
 
 def _refiner_loop(m: _Models, task: Task, test: Sequence[Example], turns: int):
@@ -279,7 +272,9 @@ def _refiner_loop(m: _Models, task: Task, test: Sequence[Example], turns: int):
 
 
 def _report(config, out_dir: str, task: Task, test, pool, rows: dict, baselines: tuple[str, ...],
-            revisions: dict, stable: dict, settings: dict) -> dict:
+            revisions: dict, stages: dict, stable: dict, settings: dict) -> dict:
+    """Writes the joint table's `results.json` (with `stages`, the trained runs' convergence block, also plotted
+    in `convergence.png`), its outcomes for pooling seeds and `results.md`; returns the results."""
     j = config.joint
     first = np.array([task.outcome_label(ex, hs[0]) for ex, hs in zip(test, pool)])
     outcomes, extra = {}, {}
@@ -295,8 +290,11 @@ def _report(config, out_dir: str, task: Task, test, pool, rows: dict, baselines:
                                  more_baselines=baselines)
     results = {"table": {label: {**row, **extra[label]} for label, row in table.rows.items()},
                "paired_deltas": [{"baseline": b, **table.more_deltas[b]} for b in baselines],
-               "revisions": revisions, "problems": table.n_problems, "rate": table.rate, "settings": settings}
+               "revisions": revisions, "problems": table.n_problems, "rate": table.rate, "settings": settings,
+               "convergence": stages}
     atomic_files.write_json(os.path.join(out_dir, "results.json"), results, indent=2, default=float)
+    if stages:
+        results_lib.plot_convergence(stages, os.path.join(out_dir, "convergence.png"))
 
     def name(label: str) -> str:
         return stable.get(label, label)

@@ -15,6 +15,7 @@ from refiner_jax.refiner.critic_tool import interactive_loop
 from refiner_jax.refiner.evaluation import evaluate_refinement, noise_study
 from refiner_jax.runs import results as results_lib
 from refiner_jax.runs import run_config
+from refiner_jax.runs.run_info import RunInfo
 from refiner_jax.tasks.base import Task
 
 
@@ -28,7 +29,7 @@ def generator_stage_dir(workdir: str, stages: Sequence[str] = ("refiner", "warmu
                             "(train with launch/train.py --workdir=...)")
 
 
-def load_run_models(run: text_model.RunInfo, task: Task, batch_size: int, with_critic: bool = True,
+def load_run_models(run: RunInfo, task: Task, batch_size: int, with_critic: bool = True,
                     mesh: Mesh | None = None) -> tuple[str, text_model.TextModel, critics.Critic | None]:
     """(generator stage directory, generator, trained critic) of a run: the REFINER generator (else the warm-up
     one) and the critic, None when it was not trained or `with_critic` is False. Prompts are padded to the run's
@@ -57,7 +58,7 @@ def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples:
     `mesh`, the models sample over its devices (`text_model.TextModel`).
     """
     config = run_config.load(workdir) if config_dict is None else run_config.with_defaults(config_dict)
-    run = text_model.RunInfo(workdir, config)
+    run = RunInfo(workdir, config)
     eval_cfg = config.eval
     turns = int(turns if turns is not None else eval_cfg.turns)
     if turns < 1:
@@ -95,12 +96,13 @@ def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples:
     return results
 
 
-def baseline_answers(run: text_model.RunInfo, task: Task, examples, generator: text_model.TextModel,
+def baseline_answers(run: RunInfo, task: Task, examples, generator: text_model.TextModel,
                      critic: critics.Critic | None, turns: int, batch_size: int, mesh: Mesh | None = None
                      ) -> tuple[dict[str, list[str]], dict[str, str]]:
     """({baseline key: one answer per problem}, {key: row label}) of the run's baselines (`refiner.baselines`):
-    the critic's own answer (a solving critic only), the matched generator's (when its stage is trained) and the
-    generator's best of `turns` + 1 samples (the REFINER stage's temperature and nucleus)."""
+    the critic's own answer (a solving critic only), each compared generator's (`baselines.COMPARED`, when its
+    stage is trained) alone and with the trained and the oracle critic, and the generator's best of `turns` + 1
+    samples (the REFINER stage's temperature and nucleus)."""
     config = run.config
     answers, labels = {}, dict(baselines.BASELINE_LABELS)
     if isinstance(critic, critics.SolverCritic):
@@ -108,14 +110,20 @@ def baseline_answers(run: text_model.RunInfo, task: Task, examples, generator: t
         old_extra = config.critic.get("fresh_problems", 0)  # the critic alone learned from more problems
         if old_extra:
             labels["critic_alone"] += f", trained on {old_extra} generated problems more than the generator"
-    matched_dir = os.path.join(run.workdir, "matched")
-    if os.path.isdir(os.path.join(matched_dir, "export")):
-        lengths = run.lengths
-        matched = text_model.load_text_model(matched_dir, run.tokenizer(), lengths["refine_input"], lengths["target"],
-                                             lengths["refine_input"], batch_size, mesh=mesh)
-        answers["generator_matched"] = matched.greedy([ex.x for ex in examples])
-    else:
-        print(f"[eval] {matched_dir}/export not found: the matched-generator row is left out")
+    lengths, with_critics = run.lengths, {"critic": critic, "oracle": critics.OracleCritic(task)}
+    for stage, (key, name) in baselines.COMPARED.items():
+        stage_dir = os.path.join(run.workdir, stage)
+        if not os.path.isdir(os.path.join(stage_dir, "export")):
+            if stage == "matched" or config.refiner.controls:
+                print(f"[eval] {stage_dir}/export not found: the {key} rows are left out")
+            continue
+        model = text_model.load_text_model(stage_dir, run.tokenizer(), lengths["refine_input"], lengths["target"],
+                                           lengths["refine_input"], batch_size, mesh=mesh)
+        more, more_labels = baselines.refined_answers(
+            task, model, key, name, {k: c for k, c in with_critics.items() if c is not None}, examples, turns,
+            config.refiner.template)
+        answers.update(more)
+        labels.update({k: v for k, v in more_labels.items() if k not in labels})
     answers["generator_rerank"] = baselines.rerank_answers(generator, examples, turns + 1, config.refiner.temperature,
                                                            config.refiner.top_p, int(config.seed))
     labels["generator_rerank"] = labels["generator_rerank"].format(n=turns + 1)

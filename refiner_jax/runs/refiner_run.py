@@ -1,5 +1,8 @@
 """A whole REFINER run: tokenizer, generator warm-up, critic, REFINER loop, the matched generator (a baseline),
-critic calibration, evaluation — in order, resumable.
+critic calibration, evaluation — in order, resumable. With `refiner.controls`, two more generators start from the
+same warm-up checkpoint and train with the REFINER stage's steps, patience and optimizer, to tell the loop's
+feedback from its extra updates: `refiner_random`, the same loop with random feedback (`feedback_noise` 1), and
+`sft_continued`, the warm-up's supervised recipe continued on the same problems, as many text pairs per update.
 
 `run(config, workdir)` sets the run up (`run_setup.setup`), then runs each stage that has not finished (a finished
 stage leaves `<workdir>/<stage>/DONE`; an interrupted one resumes from its last checkpoint). The workdir keeps
@@ -7,15 +10,15 @@ stage leaves `<workdir>/<stage>/DONE`; an interrupted one resumes from its last 
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import random
 import time
-from typing import Any
+from typing import Any, Iterator
 
-import jax
 import ml_collections
-import numpy as np
 
 from refiner_jax import atomic_files
 from refiner_jax import checkpoint as ckpt_lib
@@ -27,10 +30,12 @@ from refiner_jax.runs import results as results_lib
 from refiner_jax.runs import run_config as config_lib
 from refiner_jax.runs.run_setup import Setup, setup
 from refiner_jax.tasks.base import Example
-from refiner_jax.text_model import RunInfo, TextModel
-from refiner_jax.training.loop import StageSpec, stage_done, time_steps, train_stage
+from refiner_jax.runs.run_info import RunInfo
+from refiner_jax.text_model import TextModel
+from refiner_jax.training.loop import StageSpec, stage_done, train_stage
 
-STAGES = ("warmup", "critic", "refiner", "matched", "eval")
+STAGES = ("warmup", "critic", "refiner", "refiner_random", "sft_continued", "matched", "eval")
+CONTROLS = ("refiner_random", "sft_continued")  # trained only with config.refiner.controls
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...] = STAGES) -> dict:
@@ -38,11 +43,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
     _check_warmup_first(config, workdir, stages)
     job = _Job(config, workdir, stages, setup(config, workdir, stages, STAGES, ("critic", "warmup", "refiner"),
                                               held_out=config.critic.calibration_examples))
-    # stage, what it trains, the parameters it starts from (a checkpoint's, or None: fresh)
-    for name, spec, init in (("warmup", job.warmup_spec, job.pretrained),
-                             ("critic", job.critic_spec, job.pretrained),
-                             ("refiner", job.refiner_spec, job.warmed_up_params),
-                             ("matched", job.matched_spec, job.pretrained)):
+    for name, (spec, init) in job.trained_stages().items():
         job.train(name, spec, init)
     if {"critic", "refiner", "eval"} & set(stages):
         job.calibrate_critic()
@@ -50,35 +51,46 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]
     return job.finish()
 
 
-def time_stage(workdir: str, name: str = "refiner", steps: int = 20, warm: int = 3, ahead: int = 4) -> dict:
-    """Where an update of stage `name` of the run in `workdir` goes (`training.loop.time_steps`), from the
-    parameters that stage starts from (the REFINER loop: the warm-up's export, so the warm-up must be done). For the
-    REFINER loop also the sampler alone, one turn's draw on the stage's batch of problems and on `ahead` times as
-    many in one call: decoding later batches' turns ahead pays only where the second costs less per problem. The
-    run's stages, checkpoints and results are untouched."""
+@dataclasses.dataclass
+class StagePlan:
+    """Stage `name` of the REFINER run in a workdir as `run` would train it, without training it: for tools that
+    drive its updates themselves (the benchmarks time them).
+
+    `spec` is what it trains, `init_params` the parameters it starts from (None: fresh), `train_kwargs`
+    `training.loop.train_stage`'s keywords `model_config`, `tokenizer`, `mesh`, `seed`, `rules`, `pack`;
+    `config` the run's config and `train_problems` its training problems."""
+
+    name: str
+    spec: StageSpec
+    init_params: Any
+    train_kwargs: dict[str, Any]
+    config: ml_collections.ConfigDict
+    train_problems: list[Example]
+
+
+@contextlib.contextmanager
+def stage_plan(workdir: str, name: str = "refiner") -> Iterator[StagePlan]:
+    """The `StagePlan` of stage `name` (warmup, critic, refiner, matched, and with `refiner.controls` refiner_random
+    and sft_continued) of the run in `workdir`; the REFINER loop and its controls start from the warm-up's export,
+    so the warm-up must be done. The run's stages, checkpoints and results
+    are untouched; the run's setup is closed on exit."""
     config = config_lib.load(workdir)
     _check_warmup_first(config, workdir, (name,))
     job = _Job(config, workdir, (name,), setup(config, workdir, (name,), STAGES, ("critic", "warmup", "refiner"),
                                                held_out=config.critic.calibration_examples))
     try:
-        spec, init = {"warmup": (job.warmup_spec, job.pretrained), "critic": (job.critic_spec, job.pretrained),
-                      "refiner": (job.refiner_spec, job.warmed_up_params),
-                      "matched": (job.matched_spec, job.pretrained)}[name]
+        spec, init = job.trained_stages()[name]
         common = {k: job.s.common[k] for k in ("model_config", "tokenizer", "mesh", "seed", "rules", "pack")}
-        out = {"stage": name, **time_steps(spec(), steps, init_params=init(), warm=warm, **common)}
-        if name == "refiner":
-            out["sampler"] = [job.time_turn_draw(problems, steps)
-                              for problems in (config.refiner.batch_size, config.refiner.batch_size * ahead)]
+        yield StagePlan(name, spec(), init(), common, config, job.train_set)
     finally:
         job.s.close()
-    return out
 
 
 def _check_warmup_first(config: ml_collections.ConfigDict, workdir: str, stages: tuple[str, ...]) -> None:
     """Refuses a stage that builds on the warmed-up generator when that is neither trained nor requested."""
     built_on_warmup = {
         "critic": "config.critic.generator_fraction > 0: the critic samples from the warmed-up generator",
-        "refiner": "the refiner stage starts from the warmed-up generator"}
+        **{name: f"the {name} stage starts from the warmed-up generator" for name in ("refiner", *CONTROLS)}}
     if config.critic.generator_fraction <= 0 or config.critic.mode == "solve":
         del built_on_warmup["critic"]
     for name, why in built_on_warmup.items():
@@ -104,6 +116,16 @@ class _Job:
         # Prompts padded to the full budget: one compiled sampler per (batch, budget) for the whole run.
         return TextModel(self.s.model_config, params, self.s.tokenizer, max_input, max_output, bucket=max_input,
                          batch_size=self.config.eval.batch_size, mesh=self.s.mesh)
+
+    def trained_stages(self) -> dict[str, tuple]:
+        """{stage: (what it trains, the parameters it starts from: a checkpoint's, or None for fresh)} in run
+        order; the loop's controls only with `refiner.controls`."""
+        stages = {"warmup": (self.warmup_spec, self.pretrained), "critic": (self.critic_spec, self.pretrained),
+                  "refiner": (self.refiner_spec, self.warmed_up_params),
+                  "refiner_random": (self.random_feedback_spec, self.warmed_up_params),
+                  "sft_continued": (self.sft_continued_spec, self.warmed_up_params),
+                  "matched": (self.matched_spec, self.pretrained)}
+        return {k: v for k, v in stages.items() if k not in CONTROLS or self.config.refiner.controls}
 
     def train(self, name: str, spec_fn, init_fn) -> None:
         """Trains stage `name` unless it is done or not requested; its spec and initial parameters are made only
@@ -136,7 +158,8 @@ class _Job:
         pairs = stage_data.warmup_pairs(warm_train, self.task, fraction, config.refiner.template, config.seed)
         return StageSpec("warmup", config.warmup, len(warm_train), pairs,
                          self.generator_eval(self.val[:config.warmup.eval_examples]), self.task.primary_metric,
-                         lengths.refine_input if fraction > 0 else lengths.input, lengths.target)
+                         lengths.refine_input if fraction > 0 else lengths.input, lengths.target,
+                         patience=config.warmup.patience)
 
     def critic_spec(self) -> StageSpec:
         config, lengths, task, s = self.config, self.lengths, self.task, self.s
@@ -148,7 +171,7 @@ class _Job:
                 lambda p: stage_data.critic_validation(
                     task, SolverCritic(self.text_model(p, lengths.input, lengths.target), task), critic_val,
                     config.seed),
-                "paired_auroc", lengths.input, lengths.target)
+                "paired_auroc", lengths.input, lengths.target, patience=config.critic.patience)
         generator = None
         if config.critic.generator_fraction > 0:
             sampled = max(1, int(round(config.critic.batch_size * config.critic.generator_fraction)))
@@ -162,38 +185,42 @@ class _Job:
             lambda p: stage_data.critic_validation(
                 task, ModelCritic(self.text_model(p, lengths.critic_input, lengths.feedback), task), critic_val,
                 config.seed),
-            "paired_auroc", lengths.critic_input, lengths.feedback)
+            "paired_auroc", lengths.critic_input, lengths.feedback, patience=config.critic.patience)
 
-    def refiner_spec(self) -> StageSpec:
+    def refiner_spec(self, name: str = "refiner", stage: ml_collections.ConfigDict | None = None) -> StageSpec:
+        """The REFINER loop (`stage`: its config section, default `config.refiner`)."""
         config, lengths = self.config, self.lengths
+        stage = stage or config.refiner
         sampler_model = self.text_model(None, lengths.refine_input, lengths.target)
-        return StageSpec("refiner", config.refiner, len(self.train_set),
-                         stage_data.refiner_pairs(self.task, self.train_set, sampler_model, config.refiner,
-                                                  config.seed),
-                         self.generator_eval(self.val[:config.refiner.eval_examples]), self.task.primary_metric,
-                         lengths.refine_input, lengths.target)
+        return StageSpec(name, stage, len(self.train_set),
+                         stage_data.refiner_pairs(self.task, self.train_set, sampler_model, stage, config.seed),
+                         self.generator_eval(self.val[:stage.eval_examples]), self.task.primary_metric,
+                         lengths.refine_input, lengths.target, patience=stage.patience)
 
-    def time_turn_draw(self, problems: int, repeats: int) -> dict[str, float]:
-        """Median seconds of one REFINER turn's draw (`refiner.samples` nucleus samples of each of `problems`
-        training problems, as `stage_data.refiner_pairs` draws them) from the warmed-up generator, after two
-        untimed calls."""
-        r, s, lengths = self.config.refiner, self.s, self.lengths
-        model = TextModel(s.model_config, self.warmed_up_params(), s.tokenizer, lengths.refine_input, lengths.target,
-                          bucket=lengths.refine_input, batch_size=problems, mesh=s.mesh)
-        inputs = [ex.x for ex in self.train_set[:problems]]
-        seconds = []
-        for call in range(2 + repeats):
-            start = time.perf_counter()
-            model.generate(inputs, num_samples=r.samples, top_p=r.top_p, temperature=r.temperature,
-                           rng=jax.random.key(call))
-            seconds.append(time.perf_counter() - start)
-        median = float(np.median(seconds[2:]))
-        return {"problems": problems, "rows": problems * r.samples, "seconds": median,
-                "ms_per_problem": 1000 * median / problems}
+    def random_feedback_spec(self) -> StageSpec:
+        """The REFINER loop with random feedback (the oracle's feedback on a random perturbation of the problem,
+        `refiner.feedback_noise` 1): its updates and revision format without what the feedback says."""
+        stage = ml_collections.ConfigDict(self.config.refiner.to_dict())
+        stage.feedback_noise = 1.0
+        return self.refiner_spec("refiner_random", stage)
+
+    def sft_continued_spec(self) -> StageSpec:
+        """The warm-up's supervised recipe (its `feedback_fraction` of revision instances) continued on the REFINER
+        loop's problems, with its steps, patience, optimizer and validation, and as many text pairs per update
+        (`refiner.batch_size` x `refiner.turns`): the loop's extra updates without its sampling and feedback."""
+        config, lengths, r = self.config, self.lengths, self.config.refiner
+        stage = ml_collections.ConfigDict(r.to_dict())
+        stage.batch_size = r.batch_size * r.turns
+        fraction = config.warmup.feedback_fraction
+        pairs = stage_data.warmup_pairs(self.train_set, self.task, fraction, r.template, config.seed)
+        return StageSpec("sft_continued", stage, len(self.train_set), pairs,
+                         self.generator_eval(self.val[:r.eval_examples]), self.task.primary_metric,
+                         lengths.refine_input if fraction > 0 else lengths.input, lengths.target,
+                         patience=r.patience)
 
     def matched_spec(self) -> StageSpec:
         """The matched generator: the warm-up's recipe on all the training problems, for as many updates as
-        warm-up, critic and REFINER loop made together."""
+        warm-up, critic and REFINER loop made together (their caps, with the warm-up's patience)."""
         config, lengths = self.config, self.lengths
         stage = ml_collections.ConfigDict(config.warmup.to_dict())
         stage.steps = config.warmup.steps + config.critic.steps + config.refiner.steps
@@ -201,7 +228,8 @@ class _Job:
         pairs = stage_data.warmup_pairs(self.train_set, self.task, fraction, config.refiner.template, config.seed)
         return StageSpec("matched", stage, len(self.train_set), pairs,
                          self.generator_eval(self.val[:config.warmup.eval_examples]), self.task.primary_metric,
-                         lengths.refine_input if fraction > 0 else lengths.input, lengths.target)
+                         lengths.refine_input if fraction > 0 else lengths.input, lengths.target,
+                         patience=stage.patience)
 
     def calibration_problems(self) -> list[Example]:
         """Problems no stage trained on or chose a checkpoint by: fresh ones, else the validation problems past

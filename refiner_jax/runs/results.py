@@ -1,6 +1,8 @@
 """The reports of both runs, in one place: REFINER's evaluation (`results.md` tables, `results.json`,
 `predictions.jsonl`, PNG plots) from the dict of `refiner.evaluation.evaluate_refinement` (+ "noise" from
-`noise_study`, + "training" from `training_summary`), and a reward run's rules table and abstention plot. Task
+`noise_study`, + "training" from `training_summary`), a reward run's rules table and abstention plot, and every
+pipeline's "convergence" block (`convergence`: each trained stage's validation curve and where it stopped) with its
+plot `convergence.png`. Task
 metrics are shown in % as `mean [low, high]` (95% bootstrap CI over examples); a metric without a CI
 (corpus-level) carries a dagger.
 """
@@ -138,6 +140,7 @@ def render_markdown(results: Mapping[str, Any], plots: Sequence[str] = ()) -> st
                   f"on a random perturbation of the same problem); {metric} of the final hypotheses.", ""]
         lines += _table(["ε", metric], [[f"{r['epsilon']:g}", format_ci(r)] for r in noise["rows"]]) + [""]
 
+    lines += convergence_markdown(results.get("convergence") or {})
     training = results.get("training") or {}
     if training:
         lines += ["## Training", "", "Final validation metrics of each stage (its `DONE` file).", ""]
@@ -159,8 +162,8 @@ def print_results(results: Mapping[str, Any] | str) -> None:
 # ----------------------------------------------------------------------------------------------- files
 
 
-def training_summary(workdir: str) -> dict[str, dict]:
-    """`{stage: final metrics}` from `<workdir>/<stage>/DONE` of every finished stage (pipeline order first)."""
+def _done_files(workdir: str) -> dict[str, dict]:
+    """`{stage: DONE contents}` of every finished stage of `workdir` (pipeline order first, eval/ left out)."""
     if not os.path.isdir(workdir):
         return {}
     others = sorted(d for d in os.listdir(workdir) if d not in STAGES and d != "eval")  # eval/: the evaluation's
@@ -174,6 +177,33 @@ def training_summary(workdir: str) -> dict[str, dict]:
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path}: not valid JSON ({e}); delete it and rerun the stage") from e
     return out
+
+
+def training_summary(workdir: str) -> dict[str, dict]:
+    """`{stage: final metrics}` from `<workdir>/<stage>/DONE` of every finished stage (pipeline order first)."""
+    return {stage: {k: v for k, v in done.items() if k != "convergence"}
+            for stage, done in _done_files(workdir).items()}
+
+
+def convergence(workdirs: Mapping[str, str]) -> dict[str, dict]:
+    """`{stage: {best_step, last_step, stopped_early, curve}}` of every trained stage of each run directory
+    (`{prefix: workdir}`; stage keys `prefix/stage`, or just `stage` for the prefix ""), from its `DONE` file
+    (`training.loop.train_stage`); stages finished before curves were recorded are left out."""
+    return {f"{prefix}/{stage}" if prefix else stage: done["convergence"]
+            for prefix, workdir in workdirs.items() for stage, done in _done_files(workdir).items()
+            if "convergence" in done}
+
+
+def convergence_markdown(block: Mapping[str, Mapping]) -> list[str]:
+    """The convergence block as a markdown section (lines; none for an empty block)."""
+    if not block:
+        return []
+    rows = [[stage, c["best_step"], c["last_step"], "yes" if c["stopped_early"] else "no", c.get("metric", "–"),
+             _num(max((v for _, v in c["curve"]), default=float("nan")))] for stage, c in block.items()]
+    return ["## Convergence", "", "Each trained stage's validation metric, evaluated every `eval_every` updates: the "
+            "exported (best) step, the last step trained and whether the stage stopped on a plateau before its "
+            "`steps` cap (`convergence.png`).", "",
+            *_table(["Stage", "Best step", "Last step", "Stopped early", "Metric", "Best value"], rows), ""]
 
 
 def read_metrics(path: str) -> dict[str, list[dict]]:
@@ -213,6 +243,8 @@ def write_results(results: Mapping[str, Any], out_dir: str, workdir: str | None 
     per stage of `<workdir>/metrics.jsonl`, and results.md. Returns {name: path}."""
     os.makedirs(out_dir, exist_ok=True)
     paths: dict[str, str] = {}
+    if workdir:
+        results = {**results, "convergence": convergence({"": workdir})}
     summary = {k: v for k, v in results.items() if k not in ("trajectories", "row_scores")}
     paths["json"] = os.path.join(out_dir, "results.json")
     atomic_files.write_json(paths["json"], _jsonable(summary), indent=2)
@@ -229,6 +261,9 @@ def write_results(results: Mapping[str, Any], out_dir: str, workdir: str | None 
     if results.get("noise", {}).get("rows"):
         paths["noise_plot"] = plot_noise(results, os.path.join(out_dir, "noise.png"))
         plots.append(os.path.basename(paths["noise_plot"]))
+    if results.get("convergence"):
+        paths["convergence_plot"] = plot_convergence(results["convergence"], os.path.join(out_dir, "convergence.png"))
+        plots.append(os.path.basename(paths["convergence_plot"]))
     metrics_path = os.path.join(workdir, "metrics.jsonl") if workdir else None
     if metrics_path and os.path.isfile(metrics_path):
         for stage, path in plot_learning_curves(metrics_path, out_dir).items():
@@ -269,9 +304,11 @@ def first_error_markdown(scores: Mapping[str, Mapping], deltas: Mapping[str, Map
 
 def write_reward_results(workdir: str, task_name: str, table: RulesTable, quality: Mapping[str, Mapping],
                          curves: Mapping[str, Curve], first_errors: Mapping[str, Mapping] | None = None,
-                         first_error_deltas: Mapping[str, Mapping] | None = None) -> str:
+                         first_error_deltas: Mapping[str, Mapping] | None = None,
+                         stages: Mapping[str, Mapping] | None = None) -> str:
     """A reward run's `results.md` (the rules table, its paired trace-error differences, the first-error table,
-    the reward models' quality, the abstention plot) and `abstention.png` in `workdir`; prints and returns it."""
+    the reward models' quality, the abstention plot, the `stages`' convergence block) and `abstention.png` (and
+    `convergence.png`) in `workdir`; prints and returns it."""
     plot_abstention(curves, os.path.join(workdir, "abstention.png"))
     lines = [f"# {task_name}: outcome- vs process-based feedback\n", markdown_table(table)]
     if table.trace_deltas:
@@ -285,6 +322,11 @@ def write_reward_results(workdir: str, task_name: str, table: RulesTable, qualit
     lines += [f"- {name}: " + ", ".join(f"{key} {100 * v:.1f}" for key, v in q.items() if isinstance(v, float))
               for name, q in quality.items()]
     lines.append("\n![abstention](abstention.png)\n")
+    if os.path.isfile(os.path.join(workdir, "grpo_curves.png")):  # `plot_grpo_curves`, when the run trained GRPO
+        lines.append("![GRPO curves](grpo_curves.png)\n")
+    if stages:
+        plot_convergence(stages, os.path.join(workdir, "convergence.png"))
+        lines += convergence_markdown(stages) + ["![convergence](convergence.png)\n"]
     text = "\n".join(lines)
     atomic_files.write_text(os.path.join(workdir, "results.md"), text)
     print(text)
@@ -421,6 +463,35 @@ def plot_learning_curves(metrics_path: str, out_dir: str) -> dict[str, str]:
     return out
 
 
+def plot_convergence(block: Mapping[str, Mapping], path: str) -> str:
+    """One panel per trained stage: its validation curve, the exported (best) step marked, and a dashed line where
+    it stopped early; returns `path`."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    columns = min(3, max(1, len(block)))
+    rows = -(-len(block) // columns)
+    fig = Figure(figsize=(4.2 * columns, 3.2 * rows))
+    FigureCanvasAgg(fig)
+    for i, (stage, c) in enumerate(block.items()):
+        ax = fig.add_subplot(rows, columns, i + 1)
+        steps, values = [p[0] for p in c["curve"]], [p[1] for p in c["curve"]]
+        ax.plot(steps, values, marker=".")
+        best = [v for s, v in c["curve"] if s == c["best_step"]]
+        if best:
+            ax.plot([c["best_step"]], best, marker="*", markersize=12, color="tab:red", linestyle="none",
+                    label=f"exported (step {c['best_step']})")
+            ax.legend(fontsize=7)
+        if c["stopped_early"]:
+            ax.axvline(c["last_step"], color="gray", linestyle="--")
+        ax.set(title=f"{stage}" + (" (stopped early)" if c["stopped_early"] else ""), xlabel="step",
+               ylabel=c.get("metric", "validation"))
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
 def plot_abstention(curves: Mapping[str, Curve], path: str) -> str:
     """Error-vs-coverage PNG at `path`, one line per selection rule; returns `path`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -455,4 +526,35 @@ def plot_tokens(points: Mapping[str, tuple[float, float]], path: str) -> str:
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    return path
+
+
+def plot_grpo_curves(rounds: Mapping[str, Sequence[Mapping]], validation: Mapping[str, Sequence[Mapping]],
+                     updates: int, path: str) -> str:
+    """GRPO stages' curves against the gradient step, one line per stage: the mean reward and the k3 KL to the
+    reference of each sample batch (`runs.grpo_stage.read_rounds`; batch b starts at step b * `updates`), and the
+    validation final-answer error and trace error (%) of each evaluation (`metrics.jsonl` records); returns `path`."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10.0, 7.0))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, 2).ravel()
+    panels = (("reward", "mean reward of the sample batch", rounds, 1.0),
+              ("kl", "KL to the SFT policy (k3, per token)", rounds, 1.0),
+              ("final_answer_error", "validation final-answer error (%)", validation, 100.0),
+              ("trace_error", "validation trace error (%)", validation, 100.0))
+    for ax, (key, title, source, scale) in zip(axes, panels):
+        for stage, records in source.items():
+            points = [(r["batch"] * updates if source is rounds else r["step"], r.get(key)) for r in records]
+            points = [(x, scale * y) for x, y in points if isinstance(y, (int, float)) and math.isfinite(y)]
+            if points:
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None,
+                        label=stage)
+        ax.set(title=title, xlabel="gradient step")
+        ax.grid(alpha=0.3)
+        if ax.get_lines():
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=110)
     return path

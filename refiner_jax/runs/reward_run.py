@@ -5,6 +5,7 @@
     prm    a process reward model on the same samples (or on a PRM800K-style label file); with
            `reward.labels="rollouts"` also `prm_rollouts`, one on Math-Shepherd rollout labels of those samples
     rl     expert iteration, one policy per reward of `config.rl.rewards`: sample, keep the rewarded, fine-tune
+    grpo   GRPO, one policy per reward of `config.grpo.rewards`, on expert iteration's budget (`runs.grpo_stage`)
     eval   K samples per test problem, chosen by greedy / majority vote / ORM or PRM reranking / RM-weighted
            voting, and each RL policy's greedy answer: final-answer error, trace error and error at
            `reward.abstention` abstention with bootstrap intervals, paired trace-error differences, and
@@ -42,14 +43,14 @@ from refiner_jax.text_model import TextModel
 from refiner_jax.tasks.base import Example, Task
 from refiner_jax.tasks.dataset_rows import read_step_labels
 from refiner_jax.refiner import stage_data
-from refiner_jax.runs import run_setup, seed_pool, step_studies
+from refiner_jax.runs import grpo_stage, run_setup, seed_pool, step_studies
 from refiner_jax.runs import results as results_lib
 from refiner_jax.runs import run_config as config_lib
 from refiner_jax.stats import error_auroc, paired_auroc
 from refiner_jax.training.loop import StageSpec, stage_done, train_stage
 from refiner_jax.training.steps import reward_loss
 
-STAGES = ("sft", "orm", "prm", "rl", "eval")
+STAGES = ("sft", "orm", "prm", "rl", "grpo", "eval")
 MATCHED = "data-matched (the SFT policy)"  # the label of the data-matched baseline's rows
 _SECTIONS = ("warmup", "reward", "rl")  # config sections that train
 # The policy rows of expert iteration, by the reward of `config.rl.rewards` that chose its training samples.
@@ -228,7 +229,8 @@ class Run:
         c = self.config
         pairs = stage_data.warmup_pairs(self.policy_train, self.task, 0.0, seed=c.seed)
         return StageSpec("sft", c.warmup, len(self.policy_train), pairs, self.generator_eval(c.warmup.eval_examples),
-                         self.task.primary_metric, self.lengths.input, self.lengths.target), self.s.pretrained
+                         self.task.primary_metric, self.lengths.input, self.lengths.target,
+                         patience=c.warmup.patience), self.s.pretrained
 
     def generator_eval(self, count: int):
         examples = self.s.splits["val"][:count]
@@ -248,7 +250,7 @@ class Run:
                 "(config.rl.samples, config.rl.problems)")
         # What the filter let through, by the task's checker: kept samples with a wrong answer or a wrong step.
         _write_json(os.path.join(self.workdir, name, "kept.json"),
-                    {"kept": len(kept), "sampled": c.rl.samples * len(problems),
+                    {"kept": len(kept), "sampled": c.rl.samples * len(problems), "gradient_steps": c.rl.steps,
                      "kept_wrong_answer": sum(not self.task.outcome_label(ex, h) for ex, h in kept),
                      "kept_wrong_step": sum(not _all_steps_right(self.task, ex, h) for ex, h in kept)})
         pairs = [(ex.x, h) for ex, h in kept]
@@ -257,7 +259,8 @@ class Run:
             return [pairs[int(i)] for i in indices]
 
         return (StageSpec(name, c.rl, len(kept), make, self.generator_eval(c.rl.eval_examples),
-                          self.task.primary_metric, self.lengths.input, self.lengths.target), self.policy(previous))
+                          self.task.primary_metric, self.lengths.input, self.lengths.target, patience=c.rl.patience),
+                self.policy(previous))
 
     def keep(self, reward: str, problems: Sequence[Example], samples: list[list[str]]) -> list[tuple[Example, str]]:
         """(problem, solution) pairs of the distinct samples that `reward` accepts."""
@@ -310,31 +313,23 @@ class Run:
             return sel.outcome([[task.outcome_label(ex, h)] for ex, h in zip(test, solutions)],
                                [[_all_steps_right(task, ex, h)] for ex, h in zip(test, solutions)])
 
-        selections = {
-            f"ORM rerank (K={k})": rerank.best_of_k(answers, orm_scores),
-            f"PRM rerank (K={k})": rerank.best_of_k(answers, prm_scores),
-            f"ORM-weighted vote (K={k})": rerank.weighted_vote(answers, orm_scores),
-            f"PRM-weighted vote (K={k})": rerank.weighted_vote(answers, prm_scores),
-            f"SFT log-prob rerank (K={k})": rerank.best_of_k(answers, log_probs),
-        }
+        sources = {"orm": orm_scores, "prm": prm_scores, "log_prob": log_probs}  # [n, k] each: `rerank.RULES`
         if "prm_rollouts" in step_scores:
             rollout_scores = reward_scorer.reduce_steps(step_scores["prm_rollouts"], c.reward.prm_reduction)
-            selections[f"PRM (rollout labels) rerank (K={k})"] = rerank.best_of_k(answers,
-                                                                                 rollout_scores.reshape(len(test), k))
+            sources["prm_rollouts"] = rollout_scores.reshape(len(test), k)
         critic = None
         if c.reward.critic_workdir:  # a REFINER run's trained critic: its confidence that a sample is right
             from refiner_jax.refiner.critics import load_critic
 
             critic = load_critic(config_lib.load_run(c.reward.critic_workdir), task, c.eval.batch_size, self.s.mesh)
-            confidence = critic.confidence([ex for ex in test for _ in range(k)], flat_h).reshape(len(test), k)
-            selections[f"REFINER critic rerank (K={k})"] = rerank.best_of_k(answers, confidence)
-        majority = f"SFT majority vote (K={k})"
-        outcomes = {"SFT greedy": greedy_outcome(greedy), majority: rerank.majority_vote(answers).outcome(correct,
-                                                                                                          steps_ok)}
+            sources["critic"] = critic.confidence([ex for ex in test for _ in range(k)], flat_h).reshape(len(test), k)
+        rows = {name: sel.outcome(correct, steps_ok) for name, sel in rerank.rule_rows(answers, sources, k).items()}
+        majority = rerank.rule("majority_vote").label.format(k=k)
+        outcomes = {"SFT greedy": greedy_outcome(greedy), majority: rows.pop(majority)}
         # The data-matched policy is the SFT policy itself (see the module's docstring): its rows, not a second one.
         matched_baseline = f"SFT greedy, {MATCHED}"
         outcomes.update({matched_baseline: outcomes["SFT greedy"], f"{majority}, {MATCHED}": outcomes[majority]})
-        outcomes.update({name: sel.outcome(correct, steps_ok) for name, sel in selections.items()})
+        outcomes.update(rows)
         rl_kept = {}
         for reward in c.rl.rewards:
             stage = f"rl_{reward}_{c.rl.rounds}"
@@ -346,6 +341,8 @@ class Run:
             if stage_done(self.workdir, stage) is not None:
                 label = RL_LABELS[reward]
                 outcomes[f"{label} greedy"] = greedy_outcome(self.greedy(stage, f"{stage}_test_greedy", test))
+        grpo_rows, grpo_record = grpo_stage.evaluation_rows(self, test, greedy_outcome)
+        outcomes.update(grpo_rows)
         trace_pairs = _trace_pairs(outcomes, k)
         baselines = {"matched_paired_deltas": matched_baseline, "majority_paired_deltas": majority}
         table = rerank.results_table(outcomes, rate=c.reward.abstention, samples=c.eval.bootstrap_samples,
@@ -376,11 +373,13 @@ class Run:
                    "first_error_delta": first_error_deltas,
                    **({"rollout_labels": step_studies.rollout_data(self)[1]} if "prm_rollouts" in step_scores else {}),
                    "rate": table.rate, "problems": table.n_problems, "quality": quality, "rl_kept": rl_kept,
+                   "grpo": grpo_record,
                    "curves": {n: {"coverage": cv.coverage.tolist(), "error": cv.error.tolist()}
-                              for n, cv in curves.items()}}
+                              for n, cv in curves.items()},
+                   "convergence": results_lib.convergence({"": self.workdir})}
         if shd.is_main_process():
             results_lib.write_reward_results(self.workdir, task.name, table, quality, curves, first_errors,
-                                             first_error_deltas)
+                                             first_error_deltas, results["convergence"])
         _write_json(os.path.join(self.workdir, "results.json"), results)
         return results
 
@@ -396,7 +395,10 @@ def _trace_pairs(outcomes: dict, k: int) -> list[tuple[str, str]]:
     wanted = [(f"PRM rerank (K={k})", f"ORM rerank (K={k})"), (f"PRM rerank (K={k})", "SFT greedy"),
               (f"ORM rerank (K={k})", "SFT greedy"), (f"PRM-weighted vote (K={k})", f"ORM-weighted vote (K={k})"),
               ("PRM-RL greedy", "Final-Answer RL greedy"), ("PRM-RL greedy", "ORM-RL greedy"),
-              ("Final-Answer + PRM RL greedy", "Final-Answer RL greedy")]
+              ("Final-Answer + PRM RL greedy", "Final-Answer RL greedy"),
+              ("PRM-GRPO greedy", "Final-Answer GRPO greedy"), ("PRM-GRPO greedy", "ORM-GRPO greedy"),
+              ("Final-Answer + PRM GRPO greedy", "Final-Answer GRPO greedy"),
+              ("Final-Answer GRPO greedy", "Final-Answer RL greedy"), ("PRM-GRPO greedy", "PRM-RL greedy")]
     return [(a, b) for a, b in wanted if a in outcomes and b in outcomes]
 
 
@@ -466,6 +468,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, stages: Sequence[str] =
     for kind in kinds:
         results[kind] = r.stage(kind, lambda: r.reward_spec(kind))
     results.update(r.rl())
+    results.update(grpo_stage.train(r))
     results["eval"] = stage_done(workdir, "eval")
     if "eval" in r.stages and results["eval"] is None:
         start = time.time()

@@ -6,6 +6,7 @@ its config as `<workdir>/config.json`; `load` reads it back with `base_config()`
 """
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import string
@@ -15,14 +16,15 @@ import ml_collections
 
 from refiner_jax import sharding as shd
 from refiner_jax.models.language_model import FAMILIES, PRESETS
+from refiner_jax.models.lora import LoraConfig
 from refiner_jax.models.t5_config import HUB_NAMES
 from refiner_jax.models.reward_model import HEADS
 from refiner_jax.refiner.critics import CRITIC_MODES
 from refiner_jax.reward.rerank import REDUCTIONS
 from refiner_jax.tasks.prm800k import NEUTRAL_MODES
 from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE
-from refiner_jax.text_model import RunInfo
-from refiner_jax.training.optim import make_schedule
+from refiner_jax.runs.run_info import RunInfo
+from refiner_jax.training.optim import NO_DECAY, make_schedule
 
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -30,7 +32,14 @@ CONFIG_FILE = "config.json"  # in the workdir: the config the run was trained wi
 
 
 class ConfigError(ValueError):
-    """A config value that cannot work; the message names the field and what to set instead."""
+    """A config value (or a launcher's flag) that cannot work; the message names the field and what to set
+    instead."""
+
+
+def suggestion(name: str, choices) -> str:
+    """' (did you mean X?)' for the closest of `choices` to a misspelt `name`, else ''."""
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _optimizer(learning_rate: float) -> dict:
@@ -64,7 +73,8 @@ def base_config() -> ml_collections.ConfigDict:
     # `preset` names the architecture; `checkpoint` (a transformers T5 directory or hub name) imports weights.
     # `param_dtype` "checkpoint" keeps the imported checkpoint's own dtype (bfloat16 stays bfloat16).
     # `family` "decoder" makes every model of the run a decoder-only LM (`models.decoder`: presets gpt2-tiny,
-    # llama-tiny, gpt2, qwen2.5-0.5b; a checkpoint is a transformers GPT-2 / Llama / Qwen2 / Mistral directory).
+    # llama-tiny, qwen3-tiny, gemma3-tiny, gpt2, qwen2.5-0.5b, qwen3-0.6b, qwen3-1.7b, gemma3-1b; a checkpoint is a
+    # transformers GPT-2 / Llama / Qwen2 / Mistral / Qwen3 / Gemma 3 text directory).
     # `pack`: a decoder-only LM trains on rows packed with several (prompt, target) pairs, each attending only to
     # itself, instead of one padded pair per row (same loss, about half the compute on the MWP tasks; T5 pads).
     # `share_prompt_cache` (decoder only): a prompt's samples read one copy of its keys and values
@@ -72,6 +82,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict({"family": "t5", "preset": "t5-tiny", "checkpoint": "", "dropout_rate": 0.1,
                                          "dtype": "float32", "param_dtype": "float32", "remat": False,
                                          "pack": True, "share_prompt_cache": False})
+    # `lora`: with `rank` > 0 every model of the run (generator, critic, reward models) trains LoRA adapters on its
+    # frozen language model instead of all its parameters (`models.lora`; a reward model's head still trains in
+    # full). The update is scaled by `alpha` / `rank`; `target_modules` names the adapted modules as PEFT does:
+    # "all-linear", or comma-separated transformers names ("q_proj,v_proj"; T5: "q,v"; GPT-2: "c_attn"). Each stage
+    # exports the merged model and, in `<stage>/adapter`, the adapters as PEFT's files.
+    c.model.lora = ml_collections.ConfigDict({"rank": 0, "alpha": 16.0, "target_modules": "all-linear"})
     # Token budgets: texts are truncated to them and batches padded to them (fixed shapes compile once). The
     # oracle's feedback on a generator's hypothesis can name several errors: up to 29 tokens on the synthetic MWP.
     c.lengths = ml_collections.ConfigDict({"input": 56, "target": 24, "refine_input": 96, "critic_input": 80,
@@ -81,13 +97,20 @@ def base_config() -> ml_collections.ConfigDict:
     # ("embed", None) to replicate the parameters while still splitting batches over fsdp.
     c.logical_axis_rules = shd.DEFAULT_RULES
 
+    # Training to convergence. Every training section (warmup, critic, refiner, reward, rl) validates every
+    # `eval_every` updates on its validation problems and exports its best checkpoint (of tied ones, the later).
+    # `patience` 0 trains exactly `steps` updates (fixed compute, as the compute-matched rows need); `patience` P > 0
+    # stops the stage after P evaluations in a row without a better validation metric, `steps` being only the cap
+    # (pair it with the optimizer schedule "warmup_constant", whose rate does not fall to 0 at the cap;
+    # `use_convergence` sets both). Each trained stage's validation curve and where it stopped go to results.json's
+    # "convergence" block and `convergence.png`.
     # Stage 1: generator warm-up, x -> z on a fraction of train (the paper: 10%; 1.0 = all of it). With
     # `feedback_fraction` > 0 that share of each batch is a revision instance built from a perturbation and its
     # oracle feedback, (template(x, z', f) -> z), like the reference code's feedback-augmented warm start; the
     # warm-up then pads inputs to `lengths.refine_input`.
     c.warmup = ml_collections.ConfigDict({
         "fraction": 1.0, "steps": 500, "batch_size": 32, "microbatches": 1, "optimizer": _optimizer(2e-3),
-        "eval_every": 250, "eval_examples": 300, "feedback_fraction": 0.5})
+        "eval_every": 250, "eval_examples": 300, "feedback_fraction": 0.5, "patience": 0})
     # Stage 2: the critic. mode "feedback" (the paper): (x + hypothesis) -> feedback, on gold and perturbed
     # hypotheses, and with `generator_fraction` > 0 that share of each batch on the warmed-up generator's own samples
     # (nucleus `generator_top_p`) with the oracle's feedback; `balanced` gives each problem of a batch a right and a
@@ -99,14 +122,18 @@ def base_config() -> ml_collections.ConfigDict:
     # (`<workdir>/critic/calibration.json`, `evaluation.calibrate_for_refinement`).
     c.critic = ml_collections.ConfigDict({
         "mode": "feedback", "steps": 500, "batch_size": 32, "microbatches": 1, "optimizer": _optimizer(2e-3),
-        "eval_every": 250, "eval_examples": 300, "generator_fraction": 0.5, "generator_top_p": 1.0,
+        "eval_every": 250, "eval_examples": 300, "patience": 0, "generator_fraction": 0.5, "generator_top_p": 1.0,
         "balanced": False, "samples": 0, "calibration_examples": 2000})
     # Stage 3: the REFINER loop (generator initialised from the warm-up): where the generator learns to act on the
-    # feedback instead of repeating its hypothesis (docs/experiments.md has the step counts tried).
+    # feedback instead of repeating its hypothesis (docs/results/refiner.md has the step counts tried). `controls` also
+    # trains, from the same warm-up checkpoint and with this section's steps, patience and optimizer, the loop with
+    # random feedback (stage `refiner_random`) and the warm-up's supervised recipe continued (`sft_continued`), each
+    # then evaluated alone and with both critics (`refiner.baselines`).
     c.refiner = ml_collections.ConfigDict({
         "turns": 3, "samples": 3, "top_p": 0.5, "temperature": 1.0, "selection": "random",
         "template": DEFAULT_REFINE_TEMPLATE, "feedback_noise": 0.0, "steps": 450, "batch_size": 16,
-        "microbatches": 1, "optimizer": _optimizer(1e-3), "eval_every": 150, "eval_examples": 300})
+        "microbatches": 1, "optimizer": _optimizer(1e-3), "eval_every": 150, "eval_examples": 300, "patience": 0,
+        "controls": False})
     # The matched generator (stage "matched", a baseline): trained from scratch like the warm-up (its batch size,
     # optimizer and feedback_fraction) on all the run's training problems, for warmup + critic + refiner steps: the
     # problems and updates that generator and critic used together, spent on one generator.
@@ -148,13 +175,37 @@ def base_config() -> ml_collections.ConfigDict:
     c.rl = ml_collections.ConfigDict({
         "rewards": ("final", "orm", "prm"), "rounds": 1, "samples": 4, "problems": 2000, "threshold": 0.5,
         "steps": 200, "batch_size": 32, "microbatches": 1, "optimizer": _optimizer(5e-4), "eval_every": 100,
+        "patience": 0,
         "eval_examples": 300})
+    # GRPO (reward pipeline, stage "grpo", `runs.grpo_stage`): one policy per reward of `rewards` (as `rl.rewards`;
+    # "prm" credits each step's tokens with its process reward, `reward.grpo`), from the SFT policy, which is also
+    # the KL reference. Each of `rl.rounds` rounds spends expert iteration's budget: `rl.samples` samples of each of
+    # its problems and `rl.steps` gradient steps, as rl.steps / `updates` sample batches, each followed by `updates`
+    # gradient steps on all of its samples. Loss: PPO's clipped ratio (`eps_clip`) plus `kl_beta` times the k3 KL
+    # estimate to the reference; advantages (r - mean) / (std + `adv_eps`) within each problem's samples.
+    c.grpo = ml_collections.ConfigDict({
+        "rewards": (), "updates": 2, "eps_clip": 0.2, "kl_beta": 0.04, "adv_eps": 1e-4, "microbatches": 1,
+        "optimizer": _optimizer(2e-4)})
+    c.grpo.optimizer.warmup_steps = 10
     c.checkpoint = ml_collections.ConfigDict({"every": 200, "keep": 2})
     c.log_every = 50
     # A batch whose loss or gradient is NaN or inf is skipped (no update); this many skips in a row stop the stage
     # with an error naming its last checkpoint. Read at logging, evaluation and checkpoint steps.
     c.max_nonfinite_skips = 10
     return c
+
+
+def use_convergence(c: ml_collections.ConfigDict, caps: Mapping[str, int], patience: int = 3,
+                    eval_examples: int | None = None) -> None:
+    """Trains each section of `caps` ({section: steps cap}) to its validation plateau: `patience` evaluations
+    without a better metric stop it, the learning rate warms up then stays constant ("warmup_constant"), and with
+    `eval_examples` it validates on that many problems (the whole validation split, to see small gains)."""
+    for name, cap in caps.items():
+        stage = c[name]
+        stage.steps, stage.patience = cap, patience
+        stage.optimizer.schedule = "warmup_constant"
+        if eval_examples is not None:
+            stage.eval_examples = eval_examples
 
 
 def use_paper_settings(c: ml_collections.ConfigDict, preset: str) -> None:
@@ -193,24 +244,35 @@ def validate(c: ml_collections.ConfigDict) -> None:
     from refiner_jax.tasks import _REGISTRY  # the task names
 
     need(c.get("pipeline", "refiner") in PIPELINES, "pipeline",
-         f"{c.get('pipeline')!r} is not a pipeline; use one of {PIPELINES}")
-    need(c.task.name in _REGISTRY, "task.name", f"unknown task {c.task.name!r}; use one of {sorted(_REGISTRY)}")
+         f"{c.get('pipeline')!r} is not a pipeline{suggestion(c.get('pipeline'), PIPELINES)}; use one of "
+         f"{PIPELINES}")
+    need(c.task.name in _REGISTRY, "task.name",
+         f"unknown task {c.task.name!r}{suggestion(c.task.name, _REGISTRY)}; use one of {sorted(_REGISTRY)}")
     need(c.tokenizer.kind in ("subword", "byte", "hf"), "tokenizer.kind",
-         f"{c.tokenizer.kind!r} is not a tokenizer kind; use subword, byte or hf")
+         f"{c.tokenizer.kind!r} is not a tokenizer kind{suggestion(c.tokenizer.kind, ('subword', 'byte', 'hf'))}; "
+         "use subword, byte or hf")
     need(c.tokenizer.kind != "hf" or bool(c.tokenizer.path), "tokenizer.path",
          "an hf tokenizer needs a directory or hub name in tokenizer.path")
     need(c.tokenizer.kind != "subword" or c.tokenizer.vocab_size >= 300, "tokenizer.vocab_size",
          f"{c.tokenizer.vocab_size} is too small for a subword vocabulary (bytes alone need 259); use >= 300")
     need(c.task.extra_problems >= 0, "task.extra_problems", "must be >= 0 (generated problems added to training)")
     family = c.model.get("family", "t5")
-    need(family in FAMILIES, "model.family", f"{family!r} is not a model family; use one of {FAMILIES}")
+    need(family in FAMILIES, "model.family",
+         f"{family!r} is not a model family{suggestion(family, FAMILIES)}; use one of {FAMILIES}")
     presets = PRESETS[family]
+    owner = [f for f in FAMILIES if c.model.preset in PRESETS[f]]
     need(c.model.preset in presets, "model.preset",
-         f"unknown preset {c.model.preset!r} for family {family!r}; use one of {sorted(presets)}")
+         f"unknown preset {c.model.preset!r} for family {family!r}"
+         + (f" (it is a preset of family {owner[0]!r}: set model.family={owner[0]!r} too)" if owner
+            else f"{suggestion(c.model.preset, presets)}; use one of {sorted(presets)}"))
     need(0.0 <= c.model.dropout_rate < 1.0, "model.dropout_rate", "must be in [0, 1)")
     need(family == "decoder" or not c.model.get("share_prompt_cache", False), "model.share_prompt_cache",
          "applies to decoder-only models (model.family='decoder'); set it False for T5")
     need(c.model.dtype in _DTYPES, "model.dtype", f"{c.model.dtype!r} is not a dtype; use one of {_DTYPES}")
+    need(int(c.model.lora.rank) >= 0, "model.lora.rank", "must be >= 0 (0: no adapters, every parameter trains)")
+    need(c.model.lora.alpha > 0, "model.lora.alpha", "must be positive (the update is scaled by alpha / rank)")
+    need(bool(_target_modules(c)), "model.lora.target_modules",
+         "names no module; use 'all-linear' or comma-separated module names such as 'q_proj,v_proj'")
     if c.model.param_dtype == "checkpoint":
         need(bool(c.model.checkpoint), "model.param_dtype",
              "'checkpoint' keeps an imported checkpoint's dtype, but model.checkpoint is empty; name one or use "
@@ -235,7 +297,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
         need(opt.get("weight_decay", 0.0) >= 0, f"{stage_name}.optimizer.weight_decay", "must be >= 0")
         need(opt.get("warmup_steps", 0) >= 0, f"{stage_name}.optimizer.warmup_steps", "must be >= 0")
         schedule = opt.get("schedule", "constant")
-        need(schedule in ("linear", "constant", "rsqrt") or stage.steps > opt.get("warmup_steps", 0),
+        need(stage.get("patience", 0) >= 0, f"{stage_name}.patience",
+             "must be >= 0 (evaluations without improvement before the stage stops; 0: train all `steps`)")
+        need(schedule in ("linear", *NO_DECAY) or stage.steps > opt.get("warmup_steps", 0),
              f"{stage_name}.steps", f"{stage.steps} must exceed {stage_name}.optimizer.warmup_steps "
              f"({opt.get('warmup_steps', 0)}) with schedule {schedule!r}; train longer or warm up less")
         need(stage.microbatches >= 1 and stage.batch_size % stage.microbatches == 0, f"{stage_name}.microbatches",
@@ -247,7 +311,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     need(0.0 < c.warmup.fraction <= 1.0, "warmup.fraction", "must be in (0, 1]")
     need(0.0 <= c.warmup.feedback_fraction <= 1.0, "warmup.feedback_fraction", "must be a share in [0, 1]")
     need(c.critic.mode in CRITIC_MODES, "critic.mode",
-         f"{c.critic.mode!r} is not a critic mode; use feedback (x + hypothesis -> feedback, the paper) or solve")
+         f"{c.critic.mode!r} is not a critic mode{suggestion(c.critic.mode, CRITIC_MODES)}; use feedback "
+         "(x + hypothesis -> feedback, the paper) or solve")
     need("fresh_problems" not in c.critic, "critic.fresh_problems",
          "was replaced by task.extra_problems, generated problems that every model of the run learns from alike")
     need(c.critic.calibration_examples >= 1, "critic.calibration_examples", "must be >= 1 (held-out problems)")
@@ -282,7 +347,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
     need(len(rm.label_tokens) == 2 and len(set(rm.label_tokens)) == 2, "reward.label_tokens",
          f"needs two different strings (correct, wrong), got {tuple(rm.label_tokens)}")
     need(rm.neutral in NEUTRAL_MODES, "reward.neutral", f"{rm.neutral!r}: use one of {NEUTRAL_MODES}")
-    need(rm.patience >= 0, "reward.patience", "must be >= 0 (0: no early stopping)")
     need(rm.lm_weight >= 0, "reward.lm_weight", "must be >= 0 (0: no language-modelling loss)")
     need(rm.pairwise_weight >= 0, "reward.pairwise_weight", "must be >= 0 (0: no within-problem ranking loss)")
     need(rm.pairwise_weight == 0 or not rm.labels_file, "reward.pairwise_weight",
@@ -303,6 +367,24 @@ def validate(c: ml_collections.ConfigDict) -> None:
     for name in ("rounds", "samples", "problems"):
         need(rl[name] >= 1, f"rl.{name}", "must be >= 1")
     need(0.0 <= rl.threshold <= 1.0, "rl.threshold", "must be a probability in [0, 1]")
+    g = c.grpo
+    need(set(g.rewards) <= set(RL_REWARDS), "grpo.rewards", f"{tuple(g.rewards)}: choose from {RL_REWARDS}")
+    need(g.updates >= 1 and rl.steps % g.updates == 0, "grpo.updates",
+         f"{g.updates} must be >= 1 and divide rl.steps {rl.steps} (GRPO takes expert iteration's gradient steps)")
+    need(0.0 < g.eps_clip < 1.0, "grpo.eps_clip", "must be in (0, 1) (0.2 is usual)")
+    need(g.kl_beta >= 0.0, "grpo.kl_beta", "must be >= 0 (0: no KL penalty)")
+    need(g.adv_eps > 0.0, "grpo.adv_eps", "must be > 0 (it keeps an all-equal group's advantages at 0)")
+    need(g.microbatches >= 1, "grpo.microbatches", "must be >= 1")
+    need(g.optimizer.name in ("adamw", "adafactor"), "grpo.optimizer.name",
+         f"{g.optimizer.name!r} is not supported; use adamw or adafactor")
+    need(g.optimizer.learning_rate > 0, "grpo.optimizer.learning_rate", "must be positive")
+    need(not g.rewards or rl.steps > g.optimizer.get("warmup_steps", 0), "grpo.optimizer.warmup_steps",
+         f"must be below rl.steps {rl.steps} (GRPO's gradient steps)")
+    if g.rewards:  # the section is read only when GRPO trains
+        try:
+            make_schedule(dict(g.optimizer, total_steps=max(1, rl.steps)))
+        except ValueError as e:
+            raise ConfigError(f"config.grpo.optimizer: {e}") from e
     need(c.eval.turns >= 1, "eval.turns", "must be >= 1")
     need(c.eval.examples >= 1, "eval.examples", "must be >= 1 (test problems to evaluate)")
     need(c.eval.batch_size >= 1, "eval.batch_size", "must be >= 1")
@@ -321,6 +403,19 @@ def validate(c: ml_collections.ConfigDict) -> None:
         shd.normalize_rules(c.logical_axis_rules)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config.logical_axis_rules: {e}") from e
+
+
+def _target_modules(c: ml_collections.ConfigDict) -> tuple[str, ...]:
+    return tuple(name.strip() for name in str(c.model.lora.target_modules).split(",") if name.strip())
+
+
+def lora_config(c: ml_collections.ConfigDict) -> LoraConfig | None:
+    """The run's `models.lora.LoraConfig` (every model of the run trains adapters), or None when
+    `model.lora.rank` is 0."""
+    if not c.model.lora.rank:
+        return None
+    return LoraConfig(rank=int(c.model.lora.rank), alpha=float(c.model.lora.alpha),
+                      target_modules=_target_modules(c))
 
 
 def validate_for_mesh(c: ml_collections.ConfigDict, batch_shards: int, processes: int = 1,

@@ -88,11 +88,18 @@ class Feedback:
 
 
 class Task(Protocol):
-    """What training, refinement and reward models need from a task (see `tasks/mwp/` for the reference one)."""
+    """What training, refinement and reward models need from a task (see `tasks/mwp/` for the reference one).
+
+    Every task subclasses it. `name` and the methods that hold only a docstring are required; the attributes with a
+    value and the methods that return something are optional hooks, called directly everywhere: their defaults suit
+    a task that reads a dataset and has no sentences of its own about single steps (override what the task has).
+    """
 
     name: str
-    error_kinds: tuple[str, ...]  # every `StepError.kind` this task can emit, for per-type metrics
-    primary_metric: str  # the `score` key that model selection and the results tables lead with
+    error_kinds: tuple[str, ...] = ()  # every `StepError.kind` this task can emit, for per-type metrics
+    primary_metric: str = ""  # the `score` key that model selection and the tables lead with ("": the first key)
+    lowercase: bool = False  # the task lower-cases its questions: typed ones are too (`as_task_question`)
+    special_tokens: tuple[str, ...] = ()  # markers of the task's texts that a trained tokenizer keeps whole
 
     def load(self, split: str, data_dir: str | None = None, **kwargs) -> list[Example]:
         """Examples of `split` ("train", "val", "test"); `data_dir=None` means the task's default source."""
@@ -125,6 +132,23 @@ class Task(Protocol):
 
     def score(self, predictions: Sequence[str], examples: Sequence[Example]) -> dict[str, float]:
         """Task metrics of predicted hypotheses against the examples' gold ones (per-example means)."""
+
+    def fresh_problems(self, n: int, data_dir: str | None = None) -> list[Example]:
+        """`n` problems of the task's own generator that no split holds, the same ones for the same arguments
+        (extra training problems, held-out reward-model problems); [] for a task without a generator or when
+        `data_dir` names a dataset."""
+        return []
+
+    def step_sentences(self, step: int) -> list[str]:
+        """Every sentence the critic can say about step `#step` (a trained critic asked about one step picks the
+        likeliest, `critics.ModelCritic.explain`); [] when the task has no such vocabulary, and the critic's own
+        feedback about the step is used instead."""
+        return []
+
+    def location_feedback(self, step: int) -> str:
+        """Feedback that says only where the error is, with no claim about what is wrong (the joint system's
+        "locate only" ablation)."""
+        return f"Step #{step} is incorrect."
 
 
 def json_objects(lines: Iterable[str | bytes], source: str, expected: str, error: type[Exception] = DataError,
@@ -203,8 +227,8 @@ def sentences_about(feedback: str, step: int) -> str:
 
 def as_task_question(task: "Task | None", text: str) -> str:
     """A problem from outside the dataset (typed, or another system's) spelled like the task's own questions: lower
-    case when the task lower-cases its data (MWP's `lowercase` option), as the models were trained on."""
-    return text.lower() if getattr(task, "lowercase", False) else text
+    case when the task lower-cases its data (`Task.lowercase`), as the models were trained on."""
+    return text.lower() if task is not None and task.lowercase else text
 
 
 def gold_fields_read(task: "Task") -> set[str]:

@@ -12,6 +12,11 @@ A source is the string of `config.task.data_dir`:
 
 A folder can also take a config (`PATH:main`) when its README declares several. Anything missing or unreadable
 raises `DataError` naming the path or name and how to get it.
+
+Where a run's source came from (`origin`) is printed first by every run: `--config.task.data_dir`, the config file,
+`$REFINER_DATA` (the root the configs' dataset folders sit under, `tasks.base.shared_data_dir`), the shared data
+folder beside the checkout when `$REFINER_DATA` is unset, or the task's embedded default when `task.data_dir` is
+empty (the MWP and SNLR generators).
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ import os
 import re
 from typing import Iterable
 
-from refiner_jax.tasks.base import DataError, json_objects, raise_problems
+from refiner_jax.tasks.base import DataError, json_objects, raise_problems, shared_data_dir
 
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv")
 _BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
@@ -78,6 +83,50 @@ def recorded(text: str) -> str:
     if source.kind == "files":
         return ",".join(f"{split}={path}" for split, path in source.files)
     return source.path + (f":{source.config}" if source.config else "")
+
+
+ENV_ROOT = "REFINER_DATA"
+
+
+def origin(text: str, from_command_line: bool = False) -> str:
+    """Where the source `text` of `config.task.data_dir` came from, in words (`from_command_line`: it was given as
+    `--config.task.data_dir`)."""
+    if not text:
+        return "the task's embedded default, as config.task.data_dir is empty"
+    if from_command_line:
+        return "--config.task.data_dir"
+    if not _under_shared_root(text):
+        return "the config file"
+    if os.environ.get(ENV_ROOT):
+        return f"the config file, a dataset folder under ${ENV_ROOT}={shared_data_dir()}"
+    return (f"the config file, a dataset folder under {shared_data_dir()}, the shared data beside the checkout, as "
+            f"${ENV_ROOT} is unset")
+
+
+def _under_shared_root(text: str) -> bool:
+    root, source = shared_data_dir(), parse(text)
+    return source.kind == "folder" and os.path.commonpath([source.path, root]) == root
+
+
+def describe(text: str, from_command_line: bool = False) -> str:
+    """One line: the source and where it came from (`origin`)."""
+    return f"[data] source: {text or 'embedded'}; from {origin(text, from_command_line)}"
+
+
+def require(text: str, from_command_line: bool = False) -> None:
+    """Raises `DataError` naming `config.task.data_dir`, where its value came from and the fix when `text` names a
+    local folder or file that does not exist; says nothing of hub names and data files (read later)."""
+    if not text:
+        return
+    source = parse(text)
+    if source.kind != "folder" or os.path.exists(source.path):
+        return
+    fix = "give the data with --config.task.data_dir=PATH"
+    if not from_command_line and _under_shared_root(text):
+        fix += (f", or set ${ENV_ROOT} to the folder that holds the datasets "
+                f"({os.path.relpath(source.path, shared_data_dir())} under it)")
+    raise DataError(f"config.task.data_dir: {source.path} does not exist (it came from "
+                    f"{origin(text, from_command_line)}); {fix}")
 
 
 def _data_files(folder: str) -> list[str]:

@@ -7,8 +7,13 @@ REFINER loop samples from the current parameters there. A stage may instead brin
 step), the data order and the early-stopping state are checkpointed with the state, so a run killed at any point and
 restarted ends with the same parameters as one that never stopped.
 
+A stage trains `steps` updates, or with `patience` > 0 until `patience` evaluations in a row have not bettered its
+validation metric (`steps` then only caps it); either way it exports its best validation checkpoint.
+
 Layout under `<workdir>/<stage>/`: `ckpt/` (full state, keep-last-N plus best-by-validation), `export/` (params
-only, the best checkpoint's, for inference), `DONE` (the final metrics, JSON).
+only, the best checkpoint's, for inference; a LoRA stage's merged model), `adapter/` (a LoRA stage's adapters as
+PEFT's files), `DONE` (the final metrics, JSON, with `"convergence"`: best and last step, whether it stopped early,
+and the validation curve `[[step, value], ...]` of `best_metric`).
 """
 from __future__ import annotations
 
@@ -33,7 +38,10 @@ from refiner_jax.tokenizers import Tokenizer
 from refiner_jax.training.data_order import EpochOrder
 from refiner_jax.training.nonfinite import SkipCounter
 from refiner_jax.training.optim import make_optimizer
-from refiner_jax.training.state import abstract_train_state, create_train_state, train_state_from_params
+from refiner_jax.models import lora as lora_lib
+from refiner_jax.models.lora import LoraConfig
+from refiner_jax.training.state import (FrozenBase, abstract_train_state, create_lora_train_state, create_train_state,
+                                        train_state_from_params, trainable_init)
 from refiner_jax.training.steps import LossFn, make_train_step, pair_loss
 
 Pairs = Sequence[tuple[str, str]]
@@ -108,12 +116,14 @@ def stage_done(workdir: str, name: str) -> dict | None:
         return json.load(f)
 
 
-class _Program:
-    """A stage's model, optimizer, initial train state, data order and jitted train step, as `train_stage` builds
-    them (and `time_steps`, to time the same updates)."""
+class StageProgram:
+    """A stage's model, optimizer, initial train state (`state`), data order (`order`), batch making (`collate`,
+    `feed`) and jitted train step (`train_step`), as `train_stage` builds them: public for tools that drive a stage's
+    updates themselves (the benchmarks time them). With `lora`, the state holds only the trainable tree (adapters, a
+    reward head) and `frozen` the language model they adapt; `model_params` gives the model's whole params."""
 
     def __init__(self, spec: StageSpec, model_config: T5Config | DecoderConfig, tokenizer: Tokenizer, mesh,
-                 seed: int, init_params: Any, rules: shd.Rules, pack: bool):
+                 seed: int, init_params: Any, rules: shd.Rules, pack: bool, lora: LoraConfig | None = None):
         stage = spec.stage
         self.spec, self.tokenizer, self.mesh, self.rules = spec, tokenizer, mesh, rules
         self.lm = LanguageModel(model_config)
@@ -127,17 +137,27 @@ class _Program:
             return model.init(key, *init_args)["params"]
 
         self.init_fn = init_fn
-        if init_params is None:
+        self.frozen: FrozenBase | None = None
+        if lora is not None:
+            bound = lora_lib.bind(model_config, lora)
+            self.init_fn = trainable_init(init_fn, bound)
+            self.state, shardings, self.frozen = create_lora_train_state(init_fn, bound, self.tx, mesh, rules,
+                                                                         seed=seed, params=init_params)
+        elif init_params is None:
             self.state, shardings = create_train_state(init_fn, self.tx, mesh, rules, seed=seed)
         else:
             self.state, shardings = train_state_from_params(init_params, init_fn, self.tx, mesh, rules, seed=seed)
         loss = spec.loss(model) if spec.loss else pair_loss(self.lm, model)
         self.train_step = make_train_step(loss, self.tx, mesh, shardings, rules=rules,
-                                          num_microbatches=stage.microbatches, schedule=schedule)
+                                          num_microbatches=stage.microbatches, schedule=schedule, frozen=self.frozen)
         self.order = EpochOrder(spec.num_examples, stage.batch_size, seed=seed)
         # Packed row counts must split into the microbatches, over the batch shards and the processes.
         self.row_multiple = (int(np.lcm(stage.microbatches * shd.batch_divisor(mesh, rules), jax.process_count()))
                              if pack else 0)
+
+    def model_params(self, params: Any) -> Any:
+        """The model's whole params for the state's `params` (with LoRA: the adapters merged into the frozen base)."""
+        return params if self.frozen is None else self.frozen.model_params(params)
 
     def collate(self, pairs: Pairs) -> dict[str, np.ndarray]:
         """The global batch of `pairs`, on every process."""
@@ -153,7 +173,7 @@ class _Program:
         return shd.make_global_batch({k: v[rows] for k, v in batch.items()}, self.mesh, self.rules)
 
 
-def _real_tokens(batch: dict[str, np.ndarray]) -> int:
+def real_tokens(batch: dict[str, np.ndarray]) -> int:
     """The batch's tokens other than padding (pad id 0), inputs and targets together."""
     return int(sum((batch[k] > 0).sum() for k in ("inputs", "targets", "tokens") if k in batch))
 
@@ -161,20 +181,24 @@ def _real_tokens(batch: dict[str, np.ndarray]) -> int:
 def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | DecoderConfig, tokenizer: Tokenizer, mesh,
                 seed: int, checkpoint_every: int, keep: int, log: MetricsLog, init_params: Any = None,
                 log_every: int = 50, rules: shd.Rules = shd.DEFAULT_RULES, pack: bool = False,
-                max_nonfinite_skips: int = 10) -> dict[str, float]:
-    """Trains (or resumes) the stage to `spec.stage.steps` updates, exports the best parameters, marks it done.
+                max_nonfinite_skips: int = 10, lora: LoraConfig | None = None) -> dict[str, float]:
+    """Trains (or resumes) the stage to `spec.stage.steps` updates or its validation plateau (`spec.patience`),
+    exports the best parameters, marks it done.
     `rules` map the model's logical axes to `mesh` (config.logical_axis_rules); `pack` packs a decoder-only LM's
     text pairs several to a row (`LanguageModel.pair_batch`). After `max_nonfinite_skips` updates in a row skipped
     for a non-finite loss or gradient, the stage stops with `nonfinite.NonFiniteError`; the count is read at the
     points that already wait for the device (logging, evaluation, checkpoints), so the stop comes at the first of
-    those at or after the limit."""
+    those at or after the limit. With `lora`, only LoRA adapters (and the parameters outside the language model)
+    train and are checkpointed; the export holds the merged model, and `<stage>/adapter` the adapters as PEFT's
+    files."""
     stage = spec.stage
-    program = _Program(spec, model_config, tokenizer, mesh, seed, init_params, rules, pack)
+    program = StageProgram(spec, model_config, tokenizer, mesh, seed, init_params, rules, pack, lora)
     state, order, train_step = program.state, program.order, program.train_step
     stage_dir = os.path.join(workdir, spec.name)
     checkpointer = ckpt_lib.Checkpointer(os.path.join(stage_dir, "ckpt"), save_interval_steps=checkpoint_every,
                                          keep_last=keep, best_metric=spec.best_metric, best_mode="max")
-    best_value, stale = -float("inf"), 0  # early stopping: the best `best_metric` so far, evaluations since it
+    # early stopping: the best `best_metric` so far, evaluations since it, and every evaluation's [step, value]
+    best_value, stale, curve = -float("inf"), 0, []
     if checkpointer.latest_step() is not None:
         target, _ = abstract_train_state(program.init_fn, program.tx, mesh, rules)
         state, extra = checkpointer.restore(target)
@@ -182,6 +206,7 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | Decod
         if "early_stopping" in extra:  # older checkpoints lack it: counted from this restart
             best, stale = extra["early_stopping"]["best"], extra["early_stopping"]["stale"]
             best_value = -float("inf") if best is None else best
+            curve = [list(point) for point in extra["early_stopping"].get("curve", [])]
         if shd.is_main_process():
             print(f"[{spec.name}] resumed from step {int(state.step)}")
     step = int(state.step)
@@ -191,9 +216,10 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | Decod
     last_eval: dict[str, float] = {}
     first_batch = True
     skips = SkipCounter(spec.name, max_nonfinite_skips)
-    while step < stage.steps:
+    # A stage resumed after its early stop trains no further.
+    while step < stage.steps and not (spec.patience and stale >= spec.patience):
         # Every process makes the same pairs (their sampling needs the same inputs everywhere), then feeds its rows.
-        pairs = spec.make_pairs(state.params, order.next_indices(), step)
+        pairs = spec.make_pairs(program.model_params(state.params), order.next_indices(), step)
         if first_batch and spec.collate is None and shd.is_main_process():
             warning = truncation_warning(spec.name, tokenizer, pairs, spec.input_len, spec.target_len)
             if warning:
@@ -201,7 +227,7 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | Decod
         first_batch = False
         batch = program.collate(pairs)
         window_examples += len(pairs)
-        window_tokens += _real_tokens(batch)
+        window_tokens += real_tokens(batch)
         state, metrics = train_step(state, program.feed(batch))
         skips.add(metrics)
         step += 1
@@ -220,20 +246,22 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | Decod
             window_start, window_examples, window_tokens = time.time(), 0, 0
         if eval_now:
             eval_start = time.time()
-            last_eval = {k: float(v) for k, v in spec.evaluate(state.params).items()}
+            last_eval = {k: float(v) for k, v in spec.evaluate(program.model_params(state.params)).items()}
             window_start += time.time() - eval_start  # throughput counts training time only
             log.write(spec.name, step, last_eval)
             progress.write(f"[{spec.name}] step {step}: " + ", ".join(f"{k}={v:.4f}" for k, v in last_eval.items()))
             value = last_eval.get(spec.best_metric, -float("inf"))
             best_value, stale = (value, 0) if value > best_value else (best_value, stale + 1)
+            curve.append([step, value])
         if eval_now or checkpointer.should_save(step):
-            early_stopping = {"best": None if best_value == -float("inf") else best_value, "stale": stale}
+            early_stopping = {"best": None if best_value == -float("inf") else best_value, "stale": stale,
+                              "curve": curve}
             checkpointer.save(step, state, extra={"data": order.state_dict(), "early_stopping": early_stopping},
                               metrics=last_eval if eval_now else None, force=eval_now)
-        if spec.patience and stale >= spec.patience and step < stage.steps:
-            progress.write(f"[{spec.name}] stopped early at step {step}: {spec.best_metric} has not improved in "
-                           f"{stale} evaluations")
-            break
+    stopped_early = step < stage.steps
+    if stopped_early:
+        progress.write(f"[{spec.name}] stopped early at step {step}: {spec.best_metric} has not improved in "
+                       f"{stale} evaluations")
     progress.close()
     checkpointer.wait_until_finished()
     best = checkpointer.best_step() or step
@@ -241,7 +269,12 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | Decod
     if best != step:
         target, _ = abstract_train_state(program.init_fn, program.tx, mesh, rules)
         params = checkpointer.restore_params(target.params, best)
-    final = {"best_step": best, **(checkpointer.metrics(best) or last_eval)}
+    if program.frozen is not None:
+        ckpt_lib.export_adapters(os.path.join(stage_dir, "adapter"), program.frozen.lora, params["adapters"])
+    params = program.model_params(params)
+    final = {"best_step": best, **(checkpointer.metrics(best) or last_eval),
+             "convergence": {"best_step": best, "last_step": step, "stopped_early": stopped_early,
+                             "metric": spec.best_metric, "curve": curve}}
     checkpointer.close()
     ckpt_lib.export_params(os.path.join(stage_dir, "export"), params,
                            {"model_config": dataclasses.asdict(model_config), "family": program.lm.family, "step": best,
@@ -250,34 +283,3 @@ def train_stage(spec: StageSpec, *, workdir: str, model_config: T5Config | Decod
         atomic_files.write_json(os.path.join(stage_dir, "DONE"), final, indent=2)
     shd.sync_processes(f"{spec.name} done")
     return final
-
-
-def time_steps(spec: StageSpec, steps: int, *, model_config: T5Config | DecoderConfig, tokenizer: Tokenizer, mesh,
-               seed: int, init_params: Any = None, rules: shd.Rules = shd.DEFAULT_RULES, pack: bool = False,
-               warm: int = 3) -> dict[str, Any]:
-    """Where a stage's update goes: `train_stage`'s first `warm` + `steps` updates from `init_params`, the last
-    `steps` timed part by part (median seconds): making the pairs (the REFINER loop samples there), collating them
-    into the batch, and the train step, waited for; `last_loss` is the last update's loss. Nothing is written; the
-    stage's own run is untouched."""
-    program = _Program(spec, model_config, tokenizer, mesh, seed, init_params, rules, pack)
-    state = program.state
-    parts: dict[str, list[float]] = {"make_pairs": [], "collate": [], "train_step": [], "update": []}
-    shapes, tokens = set(), []
-    for step in range(warm + steps):
-        start = time.perf_counter()
-        pairs = spec.make_pairs(state.params, program.order.next_indices(), step)
-        paired = time.perf_counter()
-        batch = program.collate(pairs)
-        collated = time.perf_counter()
-        state, metrics = program.train_step(state, program.feed(batch))
-        jax.block_until_ready(metrics)
-        done = time.perf_counter()
-        if step >= warm:
-            for name, seconds in (("make_pairs", paired - start), ("collate", collated - paired),
-                                  ("train_step", done - collated), ("update", done - start)):
-                parts[name].append(seconds)
-            shapes.add(tuple(next(iter(batch.values())).shape))
-            tokens.append(_real_tokens(batch))
-    return {"steps": steps, "warm": warm, "pairs": len(pairs), "batch_shapes": sorted(shapes),
-            "tokens_per_batch": float(np.mean(tokens)), "last_loss": float(metrics["loss"]),
-            **{f"{name}_s": float(np.median(seconds)) for name, seconds in parts.items()}}

@@ -5,6 +5,8 @@ Config fields (defaults in ``DEFAULTS``)::
     name            'adamw' | 'adafactor'
     learning_rate   peak learning rate
     schedule        'constant' | 'linear' (decay from the start) | 'warmup_linear' | 'warmup_cosine' |
+                    'warmup_constant' (linear warm-up, then constant: no end forced on a stage that stops on a
+                    validation plateau) |
                     'rsqrt' (T5: learning_rate * sqrt(warmup_steps / max(step, warmup_steps)))
     warmup_steps    linear warmup from 0 (warmup_* schedules; the rsqrt plateau length)
     total_steps     length of the decay (linear / warmup_* schedules)
@@ -47,7 +49,9 @@ DEFAULTS: dict[str, Any] = dict(
     momentum=None,
 )
 
-SCHEDULES = ("constant", "linear", "warmup_linear", "warmup_cosine", "rsqrt")
+SCHEDULES = ("constant", "linear", "warmup_linear", "warmup_cosine", "warmup_constant", "rsqrt")
+# Schedules that do not decay over `total_steps`, so any number of steps suits them.
+NO_DECAY = ("constant", "warmup_constant", "rsqrt")
 
 
 def _resolve(config: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -68,8 +72,10 @@ def make_schedule(config: Mapping[str, Any] | None) -> optax.Schedule:
     kind = cfg["schedule"]
     if kind not in SCHEDULES:
         raise ValueError(f"optimizer.schedule={kind!r}; choose one of {SCHEDULES}")
-    if kind == "constant":
+    if kind == "constant" or (kind == "warmup_constant" and warmup < 1):
         return optax.constant_schedule(lr)
+    if kind == "warmup_constant":  # linear_schedule holds its end value past `warmup`
+        return optax.linear_schedule(0.0, lr, warmup)
     if kind == "rsqrt":
         if warmup < 1:
             raise ValueError("optimizer.schedule='rsqrt' needs optimizer.warmup_steps >= 1")

@@ -4,9 +4,14 @@
 number of batches trained on, and the base PRNG key (per-step keys are ``fold_in(rng, step)``, so the random stream
 resumes exactly). It carries no functions, so it checkpoints and restores as plain data; the optimizer ``tx`` and
 the model's ``apply`` are passed to the step builders instead.
+
+With LoRA (`create_lora_train_state`) the state's params are the trainable tree of `models.lora.split` (adapters,
+a reward head): the optimizer state and the checkpoints cover nothing else, and the frozen base (`FrozenBase`) is
+made again from the stage's initial parameters, which a restart reads the same way.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +24,7 @@ import optax
 from jax.sharding import Mesh
 
 from refiner_jax import sharding as shd
+from refiner_jax.models import lora as lora_lib
 
 InitParams = Callable[[jax.Array], Any]  # PRNG key -> params tree (leaves may be nn.LogicallyPartitioned boxes)
 
@@ -144,3 +150,57 @@ def train_state_from_params(params: Any, init_params: InitParams, tx: optax.Grad
     with shd.use_mesh(mesh, rules):
         state = jax.jit(make, out_shardings=shardings)(params, _as_key(seed))
     return state, shardings
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenBase:
+    """Parameters a LoRA train step reads but never updates: the model's params are
+    ``lora.apply(params, state.params)``, with ``state.params`` the trainable tree (adapters, a reward head)."""
+
+    params: Any
+    shardings: Any
+    lora: lora_lib.Lora
+
+    def model_params(self, trainable: Any) -> Any:
+        """The model's whole params tree for a trainable tree (adapters merged into their kernels; one program)."""
+        return _merged(self.params, trainable, self.lora)
+
+
+_merged = jax.jit(lora_lib.apply, static_argnums=2)
+
+
+def trainable_init(init_params: InitParams, lora: lora_lib.Lora) -> InitParams:
+    """``key -> trainable tree`` of ``lora.split`` for the model ``init_params`` makes from that key: fresh adapters
+    (key ``fold_in(key, 1)``) with their logical axis names, and the parameters outside the language model."""
+    def init(key: jax.Array) -> Any:
+        return lora_lib.split(init_params(key), lora, jax.random.fold_in(key, 1))[1]
+
+    return init
+
+
+def create_lora_train_state(init_params: InitParams, lora: lora_lib.Lora, tx: optax.GradientTransformation,
+                            mesh: Mesh, rules: shd.Rules = shd.DEFAULT_RULES, seed: int | jax.Array = 0,
+                            params: Any = None) -> tuple[TrainState, TrainState, FrozenBase]:
+    """``(state, shardings, frozen)`` for training LoRA adapters: the state holds only the trainable tree
+    (`trainable_init`; the optimizer state covers nothing else) and ``frozen`` the language model's parameters,
+    both born sharded. The base is ``params`` when given (a pretrained or earlier stage's model), else the model
+    ``create_train_state`` would initialise for the same ``seed``."""
+    init_trainable = trainable_init(init_params, lora)
+    params_key = jax.random.split(_as_key(seed))[0]
+
+    def base(key: jax.Array) -> Any:
+        return lora_lib.base_of(init_params(key), lora)
+
+    with shd.use_mesh(mesh, rules):
+        boxed = jax.eval_shape(base, params_key)
+    base_sh = shd.param_shardings(boxed, mesh, rules)
+    if params is None:
+        state, shardings = create_train_state(init_trainable, tx, mesh, rules, seed=seed)
+        with shd.use_mesh(mesh, rules):
+            frozen = jax.jit(lambda k: nn.meta.unbox(base(k)), out_shardings=base_sh)(params_key)
+        return state, shardings, FrozenBase(frozen, base_sh, lora)
+    abstract = nn.meta.unbox(boxed)
+    frozen = jax.tree.map(lambda x, a, s: shd.place(x, s, a.dtype), lora_lib.base_of(params, lora), abstract, base_sh)
+    trainable = lora_lib.split(params, lora, jax.random.fold_in(params_key, 1))[1]
+    state, shardings = train_state_from_params(trainable, init_trainable, tx, mesh, rules, seed=seed)
+    return state, shardings, FrozenBase(frozen, base_sh, lora)

@@ -24,10 +24,11 @@ import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
 from refiner_jax import sharding as shd
+from refiner_jax.models import lora as lora_lib
 from refiner_jax.models.language_model import LanguageModel
 from refiner_jax.models.t5 import shift_right
 from refiner_jax.tokenizers import PAD_ID
-from refiner_jax.training.state import TrainState
+from refiner_jax.training.state import FrozenBase, TrainState
 
 Batch = dict[str, jax.Array]
 LossFn = Callable[[Any, Batch, jax.Array | None], tuple[jax.Array, dict[str, jax.Array]]]
@@ -199,16 +200,17 @@ class ShardedStep:
     """A jitted step bound to a mesh and logical-axis rules: ``step(*args)`` runs it, ``step.lower(*args)`` lowers
     it ahead of time (``.compile().memory_analysis()`` reports memory before the first step)."""
 
-    def __init__(self, jitted: Any, mesh: Mesh, rules: shd.Rules):
+    def __init__(self, jitted: Any, mesh: Mesh, rules: shd.Rules, bound: tuple = ()):
         self.jitted, self.mesh, self.rules = jitted, mesh, rules
+        self.bound = bound  # trailing arguments of every call (a LoRA step's frozen base)
 
     def __call__(self, *args):
         with shd.use_mesh(self.mesh, self.rules):
-            return self.jitted(*args)
+            return self.jitted(*args, *self.bound)
 
     def lower(self, *args):
         with shd.use_mesh(self.mesh, self.rules):
-            return self.jitted.lower(*args)
+            return self.jitted.lower(*args, *self.bound)
 
     def num_compiled(self) -> int:
         """How many input-shape variants have been compiled (1 for a run with fixed batch shapes)."""
@@ -250,7 +252,8 @@ def _sum_over(tree: Any, axis: str, flat: bool) -> Any:
 
 def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, mesh: Mesh, state_shardings: TrainState,
                     *, rules: shd.Rules = shd.DEFAULT_RULES, num_microbatches: int = 1,
-                    schedule: optax.Schedule | None = None, donate: bool = True) -> ShardedStep:
+                    schedule: optax.Schedule | None = None, donate: bool = True,
+                    frozen: FrozenBase | None = None) -> ShardedStep:
     """``train_step(state, batch) -> (new_state, metrics)`` as one jitted, sharded program.
 
     The gradient is that of ``loss_sum / tokens`` over the whole batch. With ``num_microbatches = m > 1`` the batch
@@ -268,6 +271,10 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, mesh: Mes
     on past the bad batch, while the optimizer's own count (its schedule position, Adam's bias correction) counts
     only the updates applied. `training.loop` stops a stage after too many skips in a row.
 
+    With ``frozen`` (LoRA, `state.create_lora_train_state`), ``state.params`` is the trainable tree and the loss
+    sees ``frozen.model_params(state.params)``: the gradient is taken with respect to the adapters (and a reward
+    head) only, the frozen base is a further argument of the program (bound to the step, never donated or updated).
+
     Pure data parallelism (``data > 1``, every parameter whole on every device) runs by hand: each data shard
     computes its gradient and metric sums inside a ``shard_map``, with its dropout key folded with the shard's
     index, and the shards add them once per step, after the last microbatch; on CPU as one flat buffer
@@ -280,18 +287,28 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, mesh: Mes
     batch_sh = shd.batch_sharding(mesh, rules)
     divisor = shd.batch_divisor(mesh, rules)
     m = num_microbatches
-    by_hand = mesh.shape["data"] > 1 and not shd.splitting_axes(state_shardings.params)
+    base_shardings = frozen.shardings if frozen is not None else None
+    by_hand = (mesh.shape["data"] > 1 and not shd.splitting_axes(state_shardings.params)
+               and not (frozen is not None and shd.splitting_axes(base_shardings)))
+
+    def bound_loss(base: Any) -> LossFn:
+        """The loss as a function of the trained parameters (with LoRA: of the trainable tree over ``base``)."""
+        if frozen is None:
+            return loss_fn
+        return lambda params, batch, rng: loss_fn(lora_lib.apply(base, params, frozen.lora), batch, rng)
     inner_rules = shd.without_mesh_axis(rules, "data") if by_hand else rules
     batch_axes = shd.batch_sharding(mesh, inner_rules).spec[0]
 
-    def local_grads_and_sums(params: Any, batch: Batch, step_rng: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
-        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    def local_grads_and_sums(params: Any, base: Any, batch: Batch, step_rng: jax.Array
+                             ) -> tuple[Any, dict[str, jax.Array]]:
+        loss = bound_loss(base)
+        grad_fn = jax.value_and_grad(loss, has_aux=True)
         if m == 1:
             (_, sums), grads = grad_fn(params, batch, jax.random.fold_in(step_rng, 0))
             return grads, sums
         micro = jax.tree.map(lambda x: _split_microbatches(x, m, batch_axes), batch)
         first = jax.tree.map(lambda x: x[0], micro)
-        sums_shape = jax.eval_shape(loss_fn, params, first, step_rng)[1]
+        sums_shape = jax.eval_shape(loss, params, first, step_rng)[1]
         zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
         zero_grads = jax.lax.with_sharding_constraint(zero_grads, state_shardings.params)
         zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape)
@@ -307,24 +324,26 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, mesh: Mes
         (grads, sums), _ = jax.lax.scan(body, (zero_grads, zero_sums), (jnp.arange(m), micro))
         return grads, sums
 
-    def data_shard(params: Any, batch: Batch, step_rng: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
+    def data_shard(params: Any, base: Any, batch: Batch, step_rng: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
         with nn.logical_axis_rules(inner_rules):
-            out = local_grads_and_sums(params, batch, jax.random.fold_in(step_rng, jax.lax.axis_index("data")))
+            out = local_grads_and_sums(params, base, batch,
+                                       jax.random.fold_in(step_rng, jax.lax.axis_index("data")))
         return _sum_over(out, "data", flat=mesh.devices.flat[0].platform == "cpu")
 
-    def grads_and_sums(params: Any, batch: Batch, step_rng: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
+    def grads_and_sums(params: Any, base: Any, batch: Batch, step_rng: jax.Array
+                       ) -> tuple[Any, dict[str, jax.Array]]:
         if m > 1:
             _check_microbatching(batch, m, divisor)
         if not by_hand:
-            return local_grads_and_sums(params, batch, step_rng)
+            return local_grads_and_sums(params, base, batch, step_rng)
         # check_vma=False keeps each shard's gradient of the replicated parameters its own partial sum, for
         # `_sum_over`; with the check JAX would add them itself, one all-reduce operand per parameter.
-        return jax.shard_map(data_shard, mesh=mesh, in_specs=(P(), P("data"), P()), out_specs=P(),
-                             axis_names={"data"}, check_vma=False)(params, batch, step_rng)
+        return jax.shard_map(data_shard, mesh=mesh, in_specs=(P(), P(), P("data"), P()), out_specs=P(),
+                             axis_names={"data"}, check_vma=False)(params, base, batch, step_rng)
 
-    def step_fn(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+    def step_fn(state: TrainState, batch: Batch, base: Any = None) -> tuple[TrainState, dict[str, jax.Array]]:
         step_rng = jax.random.fold_in(state.rng, state.step)
-        grads, sums = grads_and_sums(state.params, batch, step_rng)
+        grads, sums = grads_and_sums(state.params, base, batch, step_rng)
         denom = jnp.maximum(sums["tokens"], 1.0)
         grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, state.params)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -342,10 +361,10 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, mesh: Mes
                                   opt_state=keep_old(opt_state, state.opt_state))
         return new_state, metrics
 
-    jitted = jax.jit(step_fn, in_shardings=(state_shardings, batch_sh),
-                     out_shardings=(state_shardings, shd.replicated(mesh)),
+    in_shardings = (state_shardings, batch_sh) + ((base_shardings,) if frozen is not None else ())
+    jitted = jax.jit(step_fn, in_shardings=in_shardings, out_shardings=(state_shardings, shd.replicated(mesh)),
                      donate_argnums=(0,) if donate else ())
-    return ShardedStep(jitted, mesh, rules)
+    return ShardedStep(jitted, mesh, rules, bound=(frozen.params,) if frozen is not None else ())
 
 
 def make_eval_step(loss_fn: LossFn, mesh: Mesh, params_shardings: Any, *,

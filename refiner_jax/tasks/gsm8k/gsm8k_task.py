@@ -18,8 +18,8 @@ from fractions import Fraction
 from typing import Sequence
 
 from refiner_jax.tasks import data_sources, dataset_rows
-from refiner_jax.tasks.base import (NO_HINT, DataError, Example, Feedback, StepError, json_objects, raise_problems,
-                                    shared_data_dir)
+from refiner_jax.tasks.base import (NO_HINT, DataError, Example, Feedback, StepError, Task, json_objects,
+                                    raise_problems, shared_data_dir)
 from refiner_jax.tasks.gsm8k.answers import _answer_value, answers_match, extract_answer, has_answer_marker
 from refiner_jax.tasks.gsm8k.calculator import (CalcError, _literal_value, evaluate_expression, format_number,
                                                 parse_number)
@@ -81,7 +81,7 @@ def _dataset_records(source: str, split: str) -> list[dict]:
     return records
 
 
-class GSM8KTask:
+class GSM8KTask(Task):
     """GSM8K with the step rule of `step_check.check_steps`, and the oracle feedback and perturbations described
     by their methods."""
 

@@ -28,7 +28,8 @@ import re
 from typing import Sequence
 
 from refiner_jax.tasks import data_sources, dataset_rows, text_metrics
-from refiner_jax.tasks.base import NO_HINT, DataError, Example, Feedback, StepError, raise_problems, shared_data_dir
+from refiner_jax.tasks.base import (NO_HINT, DataError, Example, Feedback, StepError, Task, raise_problems,
+                                    shared_data_dir)
 from refiner_jax.tasks.moral_stories.norms import (ParsedNorm, _clean, _strip_end, action_overlap, content_stems,
                                                    parse_norm, render_norm)
 from refiner_jax.tasks.moral_stories.verb_phrases import story_verb_phrases
@@ -119,7 +120,7 @@ def _dataset_records(source: str, split: str) -> tuple[str, list[dict]]:
         raise DataError(f"{where}: no records; expected Moral Stories rows")
     return where, records
 
-class MoralStoriesTask:
+class MoralStoriesTask(Task):
     """Moral Stories norms with the parser, oracle and perturbations described in the module docstring."""
 
     name = "moral_stories"

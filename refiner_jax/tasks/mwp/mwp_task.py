@@ -10,7 +10,7 @@ import random
 from typing import Mapping, Sequence
 
 from refiner_jax.tasks import data_sources
-from refiner_jax.tasks.base import Example, Feedback, StepError
+from refiner_jax.tasks.base import Example, Feedback, StepError, Task
 from refiner_jax.tasks.mwp import coincidences, synthetic
 from refiner_jax.tasks.mwp.formula import (Formula, Step, _parse_step, _pieces, answers_match, execute,
                                            format_formula, normalize_whitespace, parse_formula)
@@ -22,7 +22,7 @@ from refiner_jax.tasks.mwp.svamp_data import (_example_from_fields, _examples_fr
                                               heldout_split)
 
 
-class MWPTask:
+class MWPTask(Task):
     """The math-word-problem task (see `mwp.formula` for the formula format).
 
     Options: `seed` (val split and synthetic data), `val_size` (problems held out of train.csv for validation),

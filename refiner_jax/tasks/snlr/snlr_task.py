@@ -15,7 +15,7 @@ import random
 from typing import Any, Mapping, Sequence
 
 from refiner_jax.tasks import data_sources
-from refiner_jax.tasks.base import DataError, Example, Feedback, raise_problems
+from refiner_jax.tasks.base import DataError, Example, Feedback, Task, raise_problems
 from refiner_jax.tasks.snlr.chain_oracle import ERROR_KINDS, feedback_from_errors, oracle_errors, read_statement
 from refiner_jax.tasks.snlr.chains import (CHAIN_STYLES, Step, build_chain, build_steps, fired_applications, serialize,
                                            split_steps)
@@ -26,7 +26,7 @@ from refiner_jax.tasks.snlr.records import REQUIRED_KEYS, parse_record, render_x
 SPLITS = ("train", "val", "test")
 
 
-class SNLRTask:
+class SNLRTask(Task):
     """sNLR with REFINER's chains, a structural oracle, perturbations for critic training and HELM metrics.
 
     Options: `seed`, `train_size`, `val_size`, `test_size` (generated data: one stream, cut in this order; the

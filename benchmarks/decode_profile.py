@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from launch import bench_support as support
+from benchmarks import bench_support as support
 
 
 def _kernels(params) -> list:
@@ -39,11 +39,12 @@ def profile_decode(args) -> dict:
     import numpy as np
 
     from refiner_jax import sampling
+    from refiner_jax.models import init_params
     from refiner_jax.models.decoder_sampling import sample_decoder
 
     name = {"gpt2-small": "gpt2"}.get(args.preset, args.preset)
     config = support.model_config(name, dropout_rate=0.0)
-    params = support.init_params(config, args.seed)
+    params = init_params(config, jax.random.key(args.seed))
     b, p, n = args.batch, args.prompt_len, args.new_tokens
     prompts = np.random.default_rng(args.seed).integers(3, config.vocab_size, size=(b, p), dtype=np.int32)
     key = jax.random.key(args.seed)

@@ -1,13 +1,14 @@
 """Benchmarks against transformers' PyTorch implementation; each subcommand prints one JSON object.
 
-  python launch/bench.py sample --preset tiny|t5-small|gpt2-tiny|gpt2-small [--repeats 5]
-  python launch/bench.py train --preset tiny|t5-small|gpt2-tiny|llama-mini|gpt2-small|qwen2.5-0.5b
+  python benchmarks/bench.py sample --preset tiny|t5-small|gpt2-tiny|gpt2-small [--repeats 5]
+  python benchmarks/bench.py train --preset tiny|t5-small|gpt2-tiny|llama-mini|gpt2-small|qwen2.5-0.5b
       [--batch 32 --input-len 128 --target-len 64 --fill 0.5 --rows padded|packed]
-  python launch/bench.py profile --preset gpt2-small [--batch 32]   (no transformers: launch/decode_profile.py)
-  python launch/bench.py stage --workdir RUN [--stage refiner]   (a REFINER run's update, part by part:
-      launch/stage_timing.py)
+  python benchmarks/bench.py profile --preset gpt2-small [--batch 32]   (no transformers: decode_profile.py)
+  python benchmarks/bench.py stage --workdir RUN [--stage refiner]   (a REFINER run's update, part by part:
+      stage_timing.py)
 
-The accelerator benchmark (bf16, remat, fsdp, MFU) is `launch/bench_accel.py`.
+`sample` and `train` need the test extra (torch, for transformers' side): pip install -e '.[test]'.
+The accelerator benchmark (bf16, remat, fsdp, MFU) is `benchmarks/bench_accel.py`.
 
 Timings are wall-clock medians of interleaved runs (ours, theirs, ours, ...) after a warm-up, in one process;
 our compile time is reported separately. Not a test: numbers depend on the machine and its load. torch is held
@@ -36,9 +37,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from launch import bench_support as support  # noqa: E402 (standard library only at import)
-from launch import decode_profile  # noqa: E402 (likewise)
-from launch import stage_timing  # noqa: E402 (likewise)
+from benchmarks import bench_support as support  # noqa: E402 (standard library only at import)
+from benchmarks import decode_profile  # noqa: E402 (likewise)
+from benchmarks import stage_timing  # noqa: E402 (likewise)
 from refiner_jax import cpu  # noqa: E402 (standard library only: JAX has not started)
 
 # bench name -> (family, model preset): T5 (`t5_sampling.sample_t5`) or decoder-only (`sample_decoder`, GPT-2 shapes).
@@ -49,17 +50,17 @@ SAMPLE_PRESETS = {"tiny": ("t5", "t5-tiny"), "t5-small": ("t5", "t5-small"), "gp
 def _sampler(name: str, seed: int, device):
     """Our random model `name`, its sampler (`sample_t5` or `sample_decoder`), and transformers' model on the same
     weights."""
-    from refiner_jax.models import t5_sampling
-    from refiner_jax.models.decoder_sampling import pad_id, sample_decoder
+    import jax
+
+    from refiner_jax.models import init_params, t5_sampling
+    from refiner_jax.models.decoder_sampling import sample_decoder
 
     config = support.model_config(name, dropout_rate=0.0)
-    params = support.init_params(config, seed)
+    params = init_params(config, jax.random.key(seed))
     reference = support.transformers_model(config, params, device, train=False)
-    if support.FAMILY_OF[name] == "t5":
-        return dict(config=config, params=params, sample=t5_sampling.sample_t5, reference=reference,
-                    echoes_prompt=False, generation=dict(decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
-    return dict(config=config, params=params, sample=sample_decoder, reference=reference, echoes_prompt=True,
-                generation=dict(pad_token_id=pad_id(config), eos_token_id=list(config.eos_ids)))
+    t5 = support.FAMILY_OF[name] == "t5"
+    return dict(config=config, params=params, sample=t5_sampling.sample_t5 if t5 else sample_decoder,
+                reference=reference, echoes_prompt=not t5, generation=support.generation_ids(config))
 
 
 def bench_sample(args) -> dict:
@@ -73,11 +74,11 @@ def bench_sample(args) -> dict:
     the same number of tokens. Ours splits the prompts over all JAX devices when they divide the batch. Where a
     decoder-only model draws several samples a prompt, ours is also timed with `share_prompt_cache`.
     """
+    torch = support.import_torch("bench.py sample")
     cpu.expose_host_devices(args.host_devices)
     os.environ[cpu.DECODE_PRODUCTS] = args.decode_products
     import jax
     import numpy as np
-    import torch
     from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
     device = support.torch_setup(torch, args.torch_threads, args.torch_device)
@@ -211,12 +212,12 @@ def bench_train(args) -> dict:
     so the per-device programs overlap that work. GFLOP/s is XLA's count of the gradient's operations (forward and
     backward) over the step time, beside the machine's measured float32 product rate.
     """
+    torch = support.import_torch("bench.py train")
     cores = os.cpu_count() or 1
     host_devices = args.host_devices or max(n for n in range(1, cores + 1) if args.batch % n == 0)
     cpu.expose_host_devices(host_devices)
     import jax
     import numpy as np
-    import torch
 
     from refiner_jax import sharding
     from refiner_jax.models.language_model import LanguageModel
@@ -246,7 +247,7 @@ def bench_train(args) -> dict:
     step = make_train_step(pair_loss(lm, module), tx, mesh, shardings, schedule=schedule)
 
     rng = np.random.default_rng(args.seed)
-    eos = 1 if t5 else config.eos_ids[0]
+    eos = config.eos_ids[0]
     prompts, targets = _train_pairs(rng, args.batch, args.input_len, args.target_len, args.fill,
                                     config.vocab_size, eos)
     padded = lm.pair_batch(prompts, targets, args.input_len, args.target_len, eos)

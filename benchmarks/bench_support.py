@@ -1,5 +1,5 @@
-"""Pieces shared by `launch/bench.py` (CPU, against transformers) and `launch/bench_accel.py` (any accelerator):
-transformers' side on the same weights, interleaved timing, the machine's measured ceilings, model FLOPs.
+"""Pieces shared by `benchmarks/bench.py` (CPU, against transformers) and `benchmarks/bench_accel.py` (any
+accelerator): transformers' side on the same weights, interleaved timing, the machine's measured ceilings, model FLOPs.
 
 Importing this module does not start JAX or torch; each function imports what it needs.
 """
@@ -7,8 +7,23 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import tempfile
 import time
+
+TEST_EXTRA = "pip install -e '.[test]'"
+
+
+def import_torch(command: str):
+    """torch, or exit with status 2 and one line naming the missing extra: the benchmarks' transformers side is a
+    test dependency, not the library's."""
+    try:
+        import torch
+    except ImportError:
+        print(f"error: {command} compares against transformers' PyTorch models and needs torch; install the test "
+              f"extra: {TEST_EXTRA}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return torch
 
 
 def add_decode_products(parser) -> None:
@@ -62,15 +77,15 @@ def model_config(preset: str, **overrides):
     return module.preset(preset, **overrides)
 
 
-def init_params(config, seed: int):
-    """Unboxed random parameters of `config`'s model (float32 unless its param_dtype says otherwise)."""
-    import jax
-    from flax.linen import meta
+def generation_ids(config) -> dict:
+    """transformers' `GenerationConfig` token ids of `config`'s model, as our samplers read them from the config."""
+    from refiner_jax.models.decoder_sampling import pad_id
+    from refiner_jax.models.language_model import family_of
 
-    from refiner_jax.models.language_model import LanguageModel
-
-    lm = LanguageModel(config)
-    return meta.unbox(lm.module().init(jax.random.key(seed), *lm.init_args())["params"])
+    if family_of(config) == "t5":
+        return dict(decoder_start_token_id=config.pad_id, pad_token_id=config.pad_id,
+                    eos_token_id=list(config.eos_ids))
+    return dict(pad_token_id=pad_id(config), eos_token_id=list(config.eos_ids))
 
 
 def transformers_model(config, params, device, *, train: bool, torch_dtype=None):

@@ -1,8 +1,8 @@
 """Accelerator benchmark: training MFU and sampling throughput against transformers on the same device; one JSON.
 
-  python launch/bench_accel.py                    # GPU / TPU host: the default jobs' models, qwen2.5-0.5b, t5-base
-  python launch/bench_accel.py --size tiny        # anywhere, CPU included: llama-tiny and t5-tiny, a few steps
-  python launch/bench_accel.py --models qwen2.5-0.5b --batch 64 --out bench.json
+  python benchmarks/bench_accel.py                # GPU / TPU host: the default jobs' models, qwen2.5-0.5b, t5-base
+  python benchmarks/bench_accel.py --size tiny    # anywhere, CPU included: llama-tiny and t5-tiny, a few steps
+  python benchmarks/bench_accel.py --models qwen2.5-0.5b --batch 64 --out bench.json
 
 For each model: one AdamW train step (`training.make_train_step` on `pair_loss`) in `--dtype` (bfloat16: float32
 parameters and optimizer state, bfloat16 products) with remat, parameters and batch split over an fsdp mesh of every
@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # JAX takes 75% of an accelerator's memory when it starts; leave room for torch on the same device.
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.45")
 
-from launch import bench_support as support  # noqa: E402 (standard library only at import)
+from benchmarks import bench_support as support  # noqa: E402 (standard library only at import)
 
 SIZES = {
     # the default jobs' models (llama-mini: REFINER and reward jobs; t5-small: the reward job's :t5), then larger
@@ -43,12 +43,6 @@ def _random_pairs(rng, n: int, input_len: int, target_len: int, vocab: int, eos:
     prompts = rng.integers(3, vocab, size=(n, input_len)).tolist()
     targets = rng.integers(3, vocab, size=(n, target_len)).tolist()
     return [p[:-1] + [eos] for p in prompts], [t[:-1] + [eos] for t in targets]
-
-
-def _eos(config) -> int:
-    from refiner_jax.models.language_model import family_of
-
-    return 1 if family_of(config) == "t5" else config.eos_ids[0]
 
 
 def bench_model_train(preset: str, args, peak_tflops: float, torch, device) -> dict:
@@ -73,8 +67,8 @@ def bench_model_train(preset: str, args, peak_tflops: float, torch, device) -> d
     init_s = time.perf_counter() - start
     rng = np.random.default_rng(args.seed)
     prompts, targets = _random_pairs(rng, args.batch, args.input_len, args.target_len, config.vocab_size,
-                                     _eos(config))
-    host_batch = lm.pair_batch(prompts, targets, args.input_len, args.target_len, _eos(config))
+                                     config.eos_ids[0])
+    host_batch = lm.pair_batch(prompts, targets, args.input_len, args.target_len, config.eos_ids[0])
     batch = sharding.make_global_batch(host_batch, mesh)
     # Model FLOPs: the same model without remat, so recomputation does not count.
     plain = LanguageModel(config.replace(remat=False))
@@ -143,19 +137,18 @@ def bench_model_sample(preset: str, args, torch, device) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from refiner_jax.models.language_model import LanguageModel, family_of
+    from refiner_jax.models import init_params
+    from refiner_jax.models.language_model import LanguageModel
 
     config = support.model_config(preset, dtype=args.dtype, param_dtype=args.dtype, dropout_rate=0.0)
     lm = LanguageModel(config)
-    params = support.init_params(config.replace(param_dtype="float32"), args.seed)
+    params = init_params(config.replace(param_dtype="float32"), jax.random.key(args.seed))
     ours_params = jax.tree.map(lambda x: x.astype(jnp.dtype(args.dtype)), params)
     reference = None
     if torch is not None:
         reference = support.transformers_model(config, params, device, train=False,
                                                torch_dtype=getattr(torch, args.dtype))
-    t5 = family_of(config) == "t5"
-    generation_ids = (dict(decoder_start_token_id=0, pad_token_id=0, eos_token_id=1) if t5 else
-                      dict(pad_token_id=config.pad_id or 0, eos_token_id=list(config.eos_ids)))
+    generation_ids = support.generation_ids(config)
     rng = np.random.default_rng(args.seed)
     n = args.new_tokens
     results = {}
