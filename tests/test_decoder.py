@@ -250,6 +250,12 @@ def test_export_loads_in_transformers_and_round_trips_exactly(family, tmp_path):
     ref, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert type(ref).__name__ == ARCHITECTURES[family.name]
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    check_exported(family, params, out, ref)
+
+
+def check_exported(family, params, out, ref):
+    """The exported directory `out` loads back to `family.config` and `params` exactly, and transformers' model
+    `ref` read from it gives our logits."""
     config, loaded = hf_decoder.load_decoder(out)
     assert config == family.config
     jax.tree.map(np.testing.assert_array_equal, loaded, params)

@@ -29,7 +29,7 @@ from refiner_jax.sharding import DEFAULT_RULES
 
 torch = import_torch()
 transformers = pytest.importorskip("transformers")
-from test_decoder import _forward, _randomise, _reference, check_cached_decoding  # noqa: E402  (needs torch, imported above)
+from test_decoder import _forward, _randomise, _reference, check_cached_decoding, check_exported  # noqa: E402  (needs torch, imported above)
 
 GEMMA3_LAYERS = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
 GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0},
@@ -152,13 +152,7 @@ def test_export_loads_in_transformers_and_round_trips_exactly(family, tmp_path):
     assert type(ref).__name__ == type(family.ref).__name__
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     assert ref.config.layer_types == family.ref.config.layer_types
-    config, loaded = hf_decoder.load_decoder(out)
-    assert config == family.config
-    jax.tree.map(np.testing.assert_array_equal, loaded, params)
-    tokens, mask = _prompts(config.vocab_size, (9, 4, 6), "left")
-    logits, _ = _forward(config, params, tokens, mask)
-    ref_logits, _ = _reference(ref.eval(), tokens, mask)
-    assert_f32_close(np.asarray(logits)[mask], ref_logits[mask], ulps=PARITY, what=f"exported {family.name} logits")
+    check_exported(family, params, out, ref)
 
 
 def test_gemma3_local_and_global_layers_rotate_by_their_own_bases(gemma3):
