@@ -7,7 +7,8 @@
                                            on the whole validation split without a better score (caps: 6x the
                                            default's steps, 4x for the loop), a constant learning rate after warm-up,
                                            and the loop's controls (`refiner.controls`: the loop with random
-                                           feedback, the warm-up continued without feedback) with their rows
+                                           feedback, the warm-up continued without feedback) with their rows,
+                                           and the inference factorial (`eval.factorial`)
   --config=configs/refiner_mwp.py:svamp    train on MAWPS+ASDiv-A, test on SVAMP (`task.data_dir` = the folder
                                            holding SVAMP's mawps-asdiv-a_svamp train.csv / dev.csv, or any source
                                            of README's Data sources: train.parquet / test.parquet, split=PATH
@@ -35,6 +36,7 @@ def get_config(arg: str | None = None):
         base.use_convergence(config, {"warmup": 3000, "critic": 3000, "refiner": 1800}, patience=3,
                              eval_examples=500)  # the synthetic task's whole validation split
         config.refiner.controls = True
+        config.eval.factorial = True
     elif variant in ("default", "t5"):
         pass
     elif variant == "svamp":

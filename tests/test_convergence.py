@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _helpers import TINY_INPUT_LEN, TINY_TARGET_LEN, t5_batch, train_tiny_stage  # noqa: E402
 
 from refiner_jax import checkpoint as ckpt_lib  # noqa: E402
-from refiner_jax.runs import results as results_lib, run_config as config_lib  # noqa: E402
+from refiner_jax.runs import plots, results as results_lib, run_config as config_lib  # noqa: E402
 from refiner_jax.training.loop import StageSpec, stage_done  # noqa: E402
 from refiner_jax.training.optim import make_schedule  # noqa: E402
 
@@ -57,7 +57,7 @@ def test_converge_variants_train_every_stage_to_its_plateau():
     for name in ("warmup", "critic", "refiner"):
         assert c[name].patience == 3 and c[name].optimizer.schedule == "warmup_constant", name
         assert c[name].eval_examples == 500  # the whole validation split of the synthetic task
-    assert c.refiner.controls and c.warmup.steps == 6 * _config("refiner_mwp", None).warmup.steps
+    assert c.refiner.controls and c.eval.factorial and c.warmup.steps == 6 * _config("refiner_mwp", None).warmup.steps
     joint = _config("joint_mwp", "converge")
     joint_run.validate(joint)
     assert joint.refiner_run.warmup.patience == 3 and not joint.refiner_run.refiner.controls
@@ -137,7 +137,7 @@ def test_convergence_block_reads_each_runs_done_files_and_plots(tmp_path):
     assert results_lib.training_summary(str(tmp_path / "a")) == {"warmup": {"best_step": 4, "em": 0.3},
                                                                  "critic": {"best_step": 3, "em": 0.2}}
     assert "| warmup | 4 | 10 | yes | em | 0.3 |" in results_lib.convergence_markdown(block)
-    path = results_lib.plot_convergence(block, str(tmp_path / "convergence.png"))
+    path = plots.plot_convergence(block, str(tmp_path / "convergence.png"))
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 

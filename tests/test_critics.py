@@ -48,6 +48,12 @@ def test_solver_critic_compares_against_its_own_solution():
     # A calibrated threshold above the confidence of "number0" makes the critic object to it too.
     strict = critics.SolverCritic(model, task, threshold=1.0)
     assert strict.feedback([a], ["number0"]) == ["An operator is missing."]
+    # Unthresholded, it names whatever its check finds, however likely the hypothesis; still nothing where the check
+    # agrees or cannot judge. Its own answers are not decoded again.
+    decoded = list(model.decoded)
+    assert critic.unthresholded().feedback(examples, hypotheses) == [
+        NO_HINT, NO_HINT, "The operator in #0 is incorrect.", "An operator is missing.", NO_HINT]
+    assert model.decoded == decoded
     with pytest.raises(ValueError, match="2 problems but 1 hypotheses"):
         critic.feedback([a, b], [GOLD])
 
@@ -203,3 +209,23 @@ def test_solver_critic_votes_its_reference_among_samples():
     assert critic.feedback([ex] * 3, hypotheses) == [NO_HINT, NO_HINT, "The operator in #0 is incorrect."]
     assert critic.references([ex])[0][0] == mul
     assert critic.model.decoded == ["question a", "question a"]  # one greedy and one sampled decode, then reused
+
+
+def test_capability_protocols_say_what_each_critic_offers():
+    """Callers ask `isinstance(critic, ConfidentCritic / ExplainingCritic / BudgetedCritic)`: the trained critics
+    have all three, the oracle only `explain`, a wrapped function and a user's object with `feedback` alone none."""
+    task = get_task("mwp")
+
+    class Mine:
+        def feedback(self, examples, hypotheses):
+            return [NO_HINT] * len(hypotheses)
+
+    offered = {}
+    for critic in (critics.ModelCritic(None, task), critics.SolverCritic(None, task), critics.OracleCritic(task),
+                   critics.CallableCritic(lambda e, h: []), Mine()):
+        offered[type(critic).__name__] = [isinstance(critic, p) for p in (critics.Critic, critics.ConfidentCritic,
+                                                                          critics.ExplainingCritic,
+                                                                          critics.BudgetedCritic)]
+    assert offered == {"ModelCritic": [True, True, True, True], "SolverCritic": [True, True, True, False],
+                       "OracleCritic": [True, False, True, False], "CallableCritic": [True, False, False, False],
+                       "Mine": [True, False, False, False]}

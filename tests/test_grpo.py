@@ -1,6 +1,7 @@
 """GRPO: group-normalised advantages and step-to-token credit on hand-worked cases, the loss's gradient against a
 hand-derived one, the budget shared with expert iteration, config errors, and GRPO stages of a tiny reward run."""
 import json
+import re
 import os
 
 import jax
@@ -190,3 +191,39 @@ def test_grpo_rows_trace_deltas_and_curves(tmp_path):
         assert record["sample_batches_drawn"] == 2 and record["mean_kl"] >= 0
     assert saved["rl_kept"]["rl_prm_1"]["gradient_steps"] == 4
     assert os.path.getsize(os.path.join(workdir, "grpo_curves.png")) > 1000
+
+
+@pytest.mark.slow
+def test_grpo_with_lora_trains_adapters_on_the_sft_policy(tmp_path):
+    """With `model.lora`, GRPO trains fresh adapters on the (merged) SFT policy: its first sample batch is drawn
+    from exactly the reference (KL 0), its checkpoint holds adapters alone, and its export moves only the adapted
+    kernels away from the SFT policy's."""
+    import orbax.checkpoint as ocp
+
+    from refiner_jax import checkpoint as ckpt_lib
+
+    c = tiny_config()
+    c.model.lora.rank, c.model.lora.target_modules = 4, "q,v"
+    c.grpo.rewards, c.rl.rounds, c.grpo.optimizer.warmup_steps = ("final",), 1, 1
+    c.grpo.optimizer.learning_rate = 1e-2
+    workdir = str(tmp_path / "run")
+    reward_run.run(c, workdir, ("sft", "grpo"))
+    rounds = grpo_stage.read_rounds(workdir, "grpo_final_1")
+    assert len(rounds) == 2 and abs(rounds[0]["kl"]) < 1e-5
+    stage = os.path.join(workdir, "grpo_final_1")
+    step = max(d for d in os.listdir(os.path.join(stage, "ckpt")) if d.isdigit())
+    saved = ocp.PyTreeCheckpointer().metadata(os.path.join(stage, "ckpt", step, "state"))
+    saved = getattr(saved, "item_metadata", saved) or saved
+    assert set(saved["params"]) == {"adapters"}
+    sft, _ = ckpt_lib.load_params(os.path.join(workdir, "sft", "export"))
+    grpo_params, _ = ckpt_lib.load_params(os.path.join(stage, "export"))
+    moved = {jax.tree_util.keystr(path) for path, a in jax.tree_util.tree_flatten_with_path(sft)[0]
+             if not np.array_equal(np.asarray(a), np.asarray(_at(grpo_params, path)))}
+    # the adapted kernels are T5's "q" and "v", named query and value in our tree
+    assert moved and all(re.search(r"\['(query|value)'\]$", p) for p in moved), moved
+
+
+def _at(tree, path):
+    for key in path:
+        tree = tree[key.key]
+    return tree

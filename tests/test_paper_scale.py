@@ -1,13 +1,14 @@
 """The paper-scale configs on CPU at their real model shapes, from random-weight checkpoints written here with
 transformers (no network): `configs/refiner_mwp.py:paper` (a UnifiedQA-T5-base-shaped generator) and
-`configs/rm_gsm8k.py:paper` with a Qwen2.5-0.5B-shaped decoder as the policy. Each builds the train state from the
-checkpoint, trains 2 updates, samples (its validation; the reward run also the policy's samples the PRM learns
-from), exports, and resumes an interrupted stage from its checkpoint. Batch sizes and example counts are cut to fit
-a CPU, and the reward run's target budget (a random policy samples to the end of it); the rest of both configs,
-token budgets included, is the paper's. The T5 test takes about 25 minutes on 2 busy CPU cores; the Qwen one
-needs about 32 GiB of memory and skips with less.
+`configs/rm_gsm8k.py:paper` with a Qwen3-0.6B-shaped decoder as the policy, fully fine-tuned and with LoRA adapters.
+Each builds the train state from the checkpoint, trains 2 updates, samples (its validation; the reward run also the
+policy's samples the PRM learns from), exports, and resumes an interrupted stage from its checkpoint. Batch sizes and
+example counts are cut to fit a CPU, and the reward run's target budget (a random policy samples to the end of it);
+the rest of both configs, token budgets included, is the paper's. The T5 test takes about 25 minutes on 2 busy CPU
+cores; the fully fine-tuned Qwen3 run needs about 32 GiB of memory and its LoRA run about 26 GiB (measured past 20 GiB
+resident); each skips with less.
 
-    python tests/test_paper_scale.py t5-base      (or qwen2.5-0.5b)
+    python tests/test_paper_scale.py t5-base      (or qwen3-0.6b, or qwen3-0.6b-lora)
 
 prints, as JSON, for one model (one process each, so that the peak resident memory is that model's): checkpoint
 load, train-state build, train-step compile and step times and the peak memory after each.
@@ -27,9 +28,11 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 T5_BASE = dict(vocab_size=32128, d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12,
                feed_forward_proj="relu", tie_word_embeddings=True)  # UnifiedQA-T5-base (T5 v1.0)
-QWEN_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
-                tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151643)
+QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                 rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=151643,
+                 eos_token_id=151645)  # Qwen/Qwen3-0.6B
+LORA_RANK = 16
 TEXTS = ["What is 12 plus 30 ? The answer is 42 .", "number0 + number1 - ( number2 * number3 ) / 4",
          "Natalia sold clips to 48 of her friends in April , and then she sold half as many clips in May .",
          "#0 : 48 / 2 = 24 <<48/2=24>> #1 : 48 + 24 = 72 #### 72 No hint The operator in #0 is incorrect ."]
@@ -71,15 +74,15 @@ def write_t5_base(directory: pathlib.Path) -> pathlib.Path:
     return _random_checkpoint(transformers.T5ForConditionalGeneration(config), directory)
 
 
-def write_qwen(directory: pathlib.Path) -> pathlib.Path:
+def write_qwen3(directory: pathlib.Path) -> pathlib.Path:
     import transformers
 
-    return _random_checkpoint(transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**QWEN_05B)), directory)
+    return _random_checkpoint(transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**QWEN3_06B)), directory)
 
 
 def write_in_child(name: str, directory: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     """(checkpoint, tokenizer) directories under `directory`, written by a child process (`write_t5_base` or
-    `write_qwen`, and `write_tokenizer`), so that torch's copy of the model never adds to this process's memory."""
+    `write_qwen3`, and `write_tokenizer`), so that torch's copy of the model never adds to this process's memory."""
     subprocess.run([sys.executable, __file__, "--write", name, str(directory)], check=True)
     return directory / name, directory / "tok"
 
@@ -103,11 +106,13 @@ def refiner_paper_config(checkpoint: pathlib.Path, tokenizer: pathlib.Path):
     return c
 
 
-def reward_paper_config(checkpoint: pathlib.Path, tokenizer: pathlib.Path):
-    """rm_gsm8k.py:paper with a Qwen2.5-0.5B-shaped policy from local files, its budgets as they are, 2 updates of
-    2 rows and 2 samples of 2 problems."""
+def reward_paper_config(checkpoint: pathlib.Path, tokenizer: pathlib.Path, lora_rank: int = 0):
+    """rm_gsm8k.py:paper with a Qwen3-0.6B-shaped policy from local files, its budgets as they are, 2 updates of
+    2 rows and 2 samples of 2 problems; with `lora_rank` > 0 every model trains rank-`lora_rank` adapters on every
+    linear layer instead of all its weights."""
     c = _config("rm_gsm8k.py", "paper")
-    c.model.family, c.model.preset = "decoder", "qwen2.5-0.5b"
+    c.model.family, c.model.preset = "decoder", "qwen3-0.6b"
+    c.model.lora.rank = lora_rank
     c.model.checkpoint, c.tokenizer.path = str(checkpoint), str(tokenizer)
     c.model.dtype = "float32"
     for stage in (c.warmup, c.reward):
@@ -116,6 +121,7 @@ def reward_paper_config(checkpoint: pathlib.Path, tokenizer: pathlib.Path):
     c.reward.samples = c.reward.test_samples = 2
     c.reward.sample_rows = 4  # rows per sampler call (the default, 1024, is sized for an accelerator)
     c.reward.train_problems, c.reward.val_problems = 2, 2
+    c.reward.mixed_only = False  # a random policy solves nothing: no problem has both right and wrong samples
     c.eval.examples, c.eval.batch_size = 2, 2
     c.checkpoint.every = 1
     c.log_every = 1
@@ -149,23 +155,27 @@ def test_refiner_paper_config_trains_samples_saves_and_resumes(tmp_path, capsys)
     assert again == first
 
 
-# The Qwen2.5-0.5B policy's SFT update at 2 rows of 256 + 64 tokens went past 21 GiB of resident memory on CPU (the
-# float32 parameters, gradients and Adam moments alone are 8 GiB; the 151936-token vocabulary's logits come on top).
-QWEN_TEST_MEMORY_GIB = 32
+# The Qwen3-0.6B policy's SFT update at 2 rows of 256 + 64 tokens: its float32 parameters, gradients and Adam moments
+# alone are 9.6 GB, and the 151936-token vocabulary's logits come on top (a 0.5B decoder's update went past 21 GiB of
+# resident memory on CPU). With adapters the frozen weights are held once, without gradients or moments: the SFT
+# update peaks at 14.6 GiB, but the run's PRM stage (the policy's samples, the reward model and its update) went past
+# 20 GiB and was killed on a 23 GiB machine shared with other jobs.
+FULL_FINE_TUNING_MEMORY_GIB = 32
+LORA_MEMORY_GIB = 26
 
 
-@pytest.mark.slow
-def test_reward_paper_config_with_a_qwen_policy_trains_samples_saves_and_resumes(tmp_path, capsys):
-    from refiner_jax.runs import reward_run
-
-    pytest.importorskip("torch")
+def _need_memory(gib: int, what: str) -> None:
     psutil = pytest.importorskip("psutil")
     available = psutil.virtual_memory().available / 2 ** 30
-    if available < QWEN_TEST_MEMORY_GIB:
-        pytest.skip(f"{available:.0f} GiB of memory available; a Qwen2.5-0.5B train step on CPU needs about "
-                    f"{QWEN_TEST_MEMORY_GIB}")
-    c = reward_paper_config(*write_in_child("qwen2.5-0.5b", tmp_path))
-    # A random policy never ends a solution: every sample runs to the target budget, and 384 tokens of a 0.5B model
+    if available < gib:
+        pytest.skip(f"{available:.0f} GiB of memory available; {what} on CPU needs about {gib}")
+
+
+def _reward_run_trains_samples_saves_and_resumes(tmp_path, capsys, lora_rank: int) -> None:
+    from refiner_jax.runs import reward_run
+
+    c = reward_paper_config(*write_in_child("qwen3-0.6b", tmp_path), lora_rank=lora_rank)
+    # A random policy never ends a solution: every sample runs to the target budget, and 384 tokens of a 0.6B model
     # per sample call take many minutes on a CPU, so the samples stop at 64 (the paper budgets' train step is
     # measured by this file's script).
     c.lengths.target = 64
@@ -178,6 +188,20 @@ def test_reward_paper_config_with_a_qwen_policy_trains_samples_saves_and_resumes
     again = reward_run.run(c, workdir, stages=("sft", "prm"))
     assert f"[prm] resumed from step {resume_from}" in capsys.readouterr().out
     assert again["prm"] == first["prm"]
+
+
+@pytest.mark.slow
+def test_reward_paper_config_with_a_qwen3_policy_trains_samples_saves_and_resumes(tmp_path, capsys):
+    pytest.importorskip("torch")
+    _need_memory(FULL_FINE_TUNING_MEMORY_GIB, "the fully fine-tuned Qwen3-0.6B reward run")
+    _reward_run_trains_samples_saves_and_resumes(tmp_path, capsys, lora_rank=0)
+
+
+@pytest.mark.slow
+def test_reward_paper_config_with_qwen3_lora_adapters_trains_samples_saves_and_resumes(tmp_path, capsys):
+    pytest.importorskip("torch")
+    _need_memory(LORA_MEMORY_GIB, "the Qwen3-0.6B reward run with LoRA adapters")
+    _reward_run_trains_samples_saves_and_resumes(tmp_path, capsys, lora_rank=LORA_RANK)
 
 
 # ---------------------------------------------------------------------------------------------------- measuring
@@ -201,24 +225,28 @@ class _Timer:
 def measure(name: str, workdir: pathlib.Path) -> dict:
     """Times one model's path from a transformers checkpoint to trained updates of its warm-up (SFT) stage, as the
     stage takes it (the paper config's optimizer, dtype and token budgets; the tests' rows and microbatches):
-    load, train state, compile, step."""
+    load, train state, compile, step. `name` is t5-base, qwen3-0.6b or qwen3-0.6b-lora (rank-16 adapters on every
+    linear layer of the frozen Qwen3)."""
     import jax
     import numpy as np
 
+    from refiner_jax.models import lora as lora_lib
     from refiner_jax.models.language_model import LanguageModel
-    from refiner_jax.runs import run_setup
+    from refiner_jax.runs import run_config, run_setup
     from refiner_jax import sharding as shd
     from refiner_jax.tokenizers import load_tokenizer
     from refiner_jax.training.optim import make_optimizer
-    from refiner_jax.training.state import train_state_from_params
+    from refiner_jax.training.state import create_lora_train_state, train_state_from_params
     from refiner_jax.training.steps import make_train_step, pair_loss
 
     out = {"model": name}
+    model_name = name.removesuffix("-lora")
     with _Timer() as t:
-        directory, tokenizer_dir = write_in_child(name, workdir)
+        directory, tokenizer_dir = write_in_child(model_name, workdir)
     out["write_checkpoint_s"] = t.wall
     tokenizer = load_tokenizer(str(tokenizer_dir))
-    c = (refiner_paper_config if name == "t5-base" else reward_paper_config)(directory, tokenizer_dir)
+    c = (refiner_paper_config(directory, tokenizer_dir) if name == "t5-base" else
+         reward_paper_config(directory, tokenizer_dir, lora_rank=LORA_RANK if name.endswith("-lora") else 0))
     stage = c.warmup
     with _Timer() as t:
         model_config, params = run_setup.model_setup(c, tokenizer)
@@ -232,13 +260,19 @@ def measure(name: str, workdir: pathlib.Path) -> dict:
     def init_fn(key):
         return model.init(key, *init_args)["params"]
 
+    lora = run_config.lora_config(c)
     with _Timer() as t:
-        state, shardings = train_state_from_params(params, init_fn, tx, mesh, rules)
+        if lora is None:
+            state, shardings = train_state_from_params(params, init_fn, tx, mesh, rules)
+            frozen = None
+        else:
+            state, shardings, frozen = create_lora_train_state(init_fn, lora_lib.bind(model_config, lora), tx, mesh,
+                                                               rules, params=params)
         jax.block_until_ready(state)
     out.update(train_state_s=t.wall, train_state_cpu_s=t.cpu, train_state_peak_gib=_peak_gib())
     del params
     step = make_train_step(pair_loss(lm, model), tx, mesh, shardings, rules=rules,
-                           num_microbatches=stage.microbatches, schedule=schedule)
+                           num_microbatches=stage.microbatches, schedule=schedule, frozen=frozen)
     input_len, target_len = c.lengths.input, c.lengths.target
     pairs = [(TEXTS[i % 4] * 6, TEXTS[(i + 1) % 4] * 3) for i in range(stage.batch_size)]
     batch = shd.make_global_batch(lm.text_pair_batch(tokenizer, pairs, input_len, target_len), mesh, rules)
@@ -247,11 +281,13 @@ def measure(name: str, workdir: pathlib.Path) -> dict:
             state, metrics = step(state, batch)
             jax.block_until_ready(metrics)
         out.update({f"{key}_s": t.wall, f"{key}_cpu_s": t.cpu})
+    trained = int(sum(np.prod(x.shape) for x in jax.tree.leaves(state.params)))
     out.update(compile_s=round(out["first_step_s"] - out["second_step_s"], 1),
                compile_cpu_s=round(out["first_step_cpu_s"] - out["second_step_cpu_s"], 1), peak_gib=_peak_gib(),
                loss=float(np.asarray(metrics["loss"])), rows=stage.batch_size, microbatches=stage.microbatches,
-               input_len=input_len, target_len=target_len, dtype=model_config.dtype,
-               parameters=int(sum(np.prod(x.shape) for x in jax.tree.leaves(state.params))))
+               input_len=input_len, target_len=target_len, dtype=model_config.dtype, trained_parameters=trained,
+               frozen_parameters=0 if frozen is None else
+               int(sum(np.prod(x.shape) for x in jax.tree.leaves(frozen.params))))
     return out
 
 
@@ -260,7 +296,7 @@ if __name__ == "__main__":
 
     if sys.argv[1] == "--write":  # measure's child: python tests/test_paper_scale.py --write NAME DIR
         target = pathlib.Path(sys.argv[3])
-        (write_t5_base if sys.argv[2] == "t5-base" else write_qwen)(target / sys.argv[2])
+        (write_t5_base if sys.argv[2] == "t5-base" else write_qwen3)(target / sys.argv[2])
         write_tokenizer(target / "tok")
     else:
         with tempfile.TemporaryDirectory() as tmp:

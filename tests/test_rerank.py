@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from refiner_jax.reward import rerank
-from refiner_jax.runs import results
+from refiner_jax.runs import plots, results
 from refiner_jax.stats import bootstrap_ci
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -346,6 +346,6 @@ def test_markdown_table():
 def test_plot_abstention_writes_a_png(tmp_path):
     curves = {"majority_vote": rerank.abstention_curve(CONF, RIGHT),
               "best_of_k": rerank.abstention_curve(CONF[::-1], RIGHT)}
-    path = results.plot_abstention(curves, str(tmp_path / "abstention.png"))
+    path = plots.plot_abstention(curves, str(tmp_path / "abstention.png"))
     data = open(path, "rb").read()
     assert data[:8] == PNG_MAGIC and len(data) > 1000

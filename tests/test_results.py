@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from refiner_jax.runs import results as results_lib
+from refiner_jax.runs import plots, results as results_lib
 
 
 def _ci(mean, low, high):
@@ -110,8 +110,8 @@ def test_read_metrics_and_curve_keys(tmp_path):
                     '{"stage": "warmup", "step": 10, "loss": 2.0, "val_loss": 2.5, "val_equation_em": 0.1}\n')
     by_stage = results_lib.read_metrics(str(path))
     assert {k: [r["step"] for r in v] for k, v in by_stage.items()} == {"critic": [50, 100], "warmup": [10]}
-    assert results_lib._curve_keys(by_stage["critic"]) == (["loss"], ["feedback_em"])
-    assert results_lib._curve_keys(by_stage["warmup"]) == (["loss", "val_loss"], ["val_equation_em"])
+    assert plots._curve_keys(by_stage["critic"]) == (["loss"], ["feedback_em"])
+    assert plots._curve_keys(by_stage["warmup"]) == (["loss", "val_loss"], ["val_equation_em"])
 
 
 def test_training_summary_reads_done_files(tmp_path):

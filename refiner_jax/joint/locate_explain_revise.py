@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from refiner_jax.refiner.critics import ExplainingCritic
 from refiner_jax.refiner.feedback_loop import ask_critic, take_turn
 from refiner_jax.reward import rerank
 from refiner_jax.reward.batches import step_ends
@@ -168,7 +169,7 @@ def joint_refine(examples: Sequence[Example], samples: Sequence[Sequence[str]],
     tried: list[list[tuple[str, np.ndarray]]] = [[] for _ in range(n)]  # every revision and its step scores
     asked: set[int] = set()
     active = [i for i in range(n) if not variant.gate or top[i] < gate]
-    ask = variant.locate and variant.ask and hasattr(critic, "explain")
+    ask = variant.locate and variant.ask and isinstance(critic, ExplainingCritic)
     for turn in range(turns):
         where = [locate(current_steps[i], step_threshold) for i in active]
         prefixes = [prefix_before(task, current[i], k) if variant.locate else "" for i, k in zip(active, where)]

@@ -279,7 +279,7 @@ def annotate(records: Sequence[dict], critic: critics.Critic, task: Task, fmt: P
                        if locate is not None and records else (None, None))
     explained: dict[int, str] = {}
     asked = [] if located is None else [i for i, k in enumerate(located) if k >= 0]
-    if asked and hasattr(critic, "explain"):
+    if asked and isinstance(critic, critics.ExplainingCritic):
         said = critic.explain([examples[i] for i in asked], [records[i]["hypothesis"] for i in asked],
                               [int(located[i]) for i in asked])
         explained = dict(zip(asked, said))
@@ -300,10 +300,9 @@ def annotate(records: Sequence[dict], critic: critics.Critic, task: Task, fmt: P
 def budget_warning(critic: critics.Critic, examples: Sequence[Example], hypotheses: Sequence[str]) -> str | None:
     """A message when inputs of a trained critic exceed its token budget (their ends, the hypotheses, would be
     cut), else None; critics without a budget never warn."""
-    measure = getattr(critic, "input_lengths", None)
-    if measure is None or not examples:
+    if not isinstance(critic, critics.BudgetedCritic) or not examples:
         return None
-    lengths = measure(examples, hypotheses)
+    lengths = critic.input_lengths(examples, hypotheses)
     budget = critic.model.max_input
     over = sum(n > budget for n in lengths)
     if not over:

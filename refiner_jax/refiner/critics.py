@@ -2,16 +2,19 @@
 
 Trained critics (`ModelCritic`, the paper's x + hypothesis -> feedback; `SolverCritic`, solve then compare) also
 give a `confidence` that each hypothesis is right and, asked about one step, `explain` it; `load_critic` reads a
-run's trained critic with its calibrated threshold. `OracleCritic`, `NoisyCritic`, `HumanCritic` and
+run's trained critic with its calibrated threshold. These optional capabilities are declared as protocols
+(`ConfidentCritic`, `ExplainingCritic`, `CalibratedCritic`, `BudgetedCritic`): any critic object that has the
+methods has the capability, and callers ask with `isinstance`. `OracleCritic`, `NoisyCritic`, `HumanCritic` and
 `CallableCritic` cover the gold, noisy, human and any Python function as critics.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import random
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
 
 import jax
 import numpy as np
@@ -28,10 +31,45 @@ CRITIC_MODES = ("feedback", "solve")  # config.critic.mode: `ModelCritic` (x + h
 CALIBRATION_FILE = "calibration.json"  # beside a trained critic's export: its calibrated "No hint" threshold
 
 
+@runtime_checkable
 class Critic(Protocol):
     """Anything that gives feedback on hypotheses; "No hint" means nothing to fix."""
 
     def feedback(self, examples: Sequence[Example], hypotheses: Sequence[str]) -> list[str]: ...
+
+
+@runtime_checkable
+class ConfidentCritic(Critic, Protocol):
+    """A critic that also says how sure it is that each hypothesis is right: calibration, AUROC and reranking use
+    it."""
+
+    def confidence(self, examples: Sequence[Example], hypotheses: Sequence[str]) -> np.ndarray: ...
+
+
+@runtime_checkable
+class ExplainingCritic(Critic, Protocol):
+    """A critic that can be asked about one step of each hypothesis (`steps[i]`, which the caller already doubts)
+    and answers with its sentences about that step ("No hint" when it has none)."""
+
+    def explain(self, examples: Sequence[Example], hypotheses: Sequence[str], steps: Sequence[int]) -> list[str]: ...
+
+
+@runtime_checkable
+class CalibratedCritic(Critic, Protocol):
+    """A critic whose "No hint" is a calibrated decision on top of what it would say: `unthresholded` is the same
+    critic saying whatever it finds, however unsure (what text the critic would give when someone else decides)."""
+
+    def unthresholded(self) -> Critic: ...
+
+
+@runtime_checkable
+class BudgetedCritic(Critic, Protocol):
+    """A critic whose inputs have a token budget (`model.max_input`): `input_lengths` measures each input, so that a
+    caller can warn before an input loses its end."""
+
+    model: TextModel
+
+    def input_lengths(self, examples: Sequence[Example], hypotheses: Sequence[str]) -> list[int]: ...
 
 
 @dataclasses.dataclass
@@ -66,6 +104,10 @@ class ModelCritic:
             no_hint_lp = self.no_hint_log_probs(examples, hypotheses)
             out = [NO_HINT if n >= g else f for f, g, n in zip(out, greedy_lp[:, 0], no_hint_lp)]
         return out
+
+    def unthresholded(self) -> "ModelCritic":
+        """This critic's greedy feedback, without the threshold or the "No hint" preference."""
+        return dataclasses.replace(self, threshold=None, prefer_no_hint=False)
 
     def confidence(self, examples: Sequence[Example | str], hypotheses: Sequence[str]) -> np.ndarray:
         """How sure the critic is that each hypothesis is right (higher: surer): its "No hint" log-probability."""
@@ -198,6 +240,11 @@ class SolverCritic:
         checks, confidence = self.judge(examples, hypotheses)
         return [NO_HINT if check is None or check.ok or c >= self.threshold else check.text
                 for check, c in zip(checks, confidence)]
+
+    def unthresholded(self) -> "SolverCritic":
+        """This critic naming every error its check finds, however sure it is of the hypothesis (its own answers,
+        already decoded, are shared)."""
+        return dataclasses.replace(self, threshold=math.inf, _references=self._references)
 
     def confidence(self, examples: Sequence[Example | str], hypotheses: Sequence[str]) -> np.ndarray:
         """How sure the critic is that each hypothesis is right (higher: surer), `[len(hypotheses)]`."""

@@ -267,8 +267,9 @@ def calibrate_for_refinement(task: Task, critic: critics.Critic, generator, exam
 
 def _confidences(critic: critics.Critic, examples: Sequence[Example], hypotheses: Sequence[str]) -> np.ndarray | None:
     """The critic's confidence that each hypothesis is right, for critics that give one (None otherwise)."""
-    scorer = getattr(critic, "confidence", None)
-    return np.asarray(scorer(list(examples), list(hypotheses))) if scorer else None
+    if not isinstance(critic, critics.ConfidentCritic):
+        return None
+    return np.asarray(critic.confidence(list(examples), list(hypotheses)))
 
 
 def _confidence_auroc(critic: critics.Critic, examples: Sequence[Example], hypotheses: Sequence[str],
@@ -312,7 +313,7 @@ def generator_samples_auroc(task: Task, critic: critics.Critic, generator, examp
     """The critic's `paired_auroc` over the generator's own answers: its greedy hypothesis and `num_samples`
     samples (temperature 1) per problem, distinct ones only. None for critics without a confidence or generators
     that cannot sample."""
-    if getattr(critic, "confidence", None) is None or getattr(generator, "generate", None) is None:
+    if not isinstance(critic, critics.ConfidentCritic) or not isinstance(generator, feedback_loop.SamplingGenerator):
         return None
     import jax
 

@@ -6,16 +6,32 @@
 `take_turn` is one line of that loop over a batch (ask the critic, decide who stops, build the revision prompts,
 revise); `refine` runs it T times (REFINER's inference), the REFINER stage builds its training inputs with
 `revision_turn` and the joint system (`joint.locate_explain_revise`) runs its own rounds with `take_turn`. The
-generator is a `text_model.TextModel` (anything with `.greedy(texts)`), the critic any `critics.Critic`.
+generator is a `text_model.TextModel` (anything with `.greedy(texts)`: a `Generator`), the critic any
+`critics.Critic`.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from refiner_jax.refiner.critics import Critic
 from refiner_jax.tasks.base import DEFAULT_REFINE_TEMPLATE, Example, Task, is_no_hint, refine_input
-from refiner_jax.text_model import TextModel
+
+@runtime_checkable
+class Generator(Protocol):
+    """What the loop needs of a generator: one greedy answer per input text."""
+
+    def greedy(self, texts: Sequence[str]) -> list[str]: ...
+
+
+@runtime_checkable
+class SamplingGenerator(Generator, Protocol):
+    """A generator that also samples: `[len(texts)][num_samples]` answers (what evaluating a critic on the
+    generator's own samples needs; `text_model.TextModel` is one)."""
+
+    def generate(self, texts: Sequence[str], *, num_samples: int = 1, top_p: float = 1.0, temperature: float = 0.0,
+                 rng: Any = None) -> list[list[str]]: ...
+
 
 # (problems, hypotheses) -> one feedback text per hypothesis, in order (`Critic.feedback` is one)
 Critique = Callable[[list[Example], list[str]], list[str]]
@@ -75,7 +91,7 @@ class Trajectory:
     scores: list[dict[str, float]]
 
 
-def refine(generator: TextModel, critic: Critic, task: Task | None, examples: Sequence[Example], turns: int,
+def refine(generator: Generator, critic: Critic, task: Task | None, examples: Sequence[Example], turns: int,
            template: str = DEFAULT_REFINE_TEMPLATE, initial: Sequence[str] | None = None) -> list[Trajectory]:
     """Runs up to `turns` critic/revision rounds on every example (batched; finished examples drop out). Each
     hypothesis is scored by `task.score` (empty scores with `task` None: a problem without a gold answer)."""

@@ -35,7 +35,7 @@ from refiner_jax import sharding as shd
 from refiner_jax.models.language_model import LanguageModel
 from refiner_jax.reward import grpo, rerank
 from refiner_jax.reward.scorer import reduce_steps
-from refiner_jax.runs import results as results_lib
+from refiner_jax.runs import plots, results as results_lib
 from refiner_jax.runs.run_config import ConfigError
 from refiner_jax.tasks.base import Example, Task
 from refiner_jax.training.loop import StageSpec, stage_done
@@ -204,14 +204,7 @@ def read_rounds(workdir: str, stage: str) -> list[dict]:
     path = os.path.join(workdir, stage, ROUNDS_FILE)
     if not os.path.isfile(path):
         return []
-    by_batch: dict[int, dict] = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            by_batch[int(record["batch"])] = record
+    by_batch = {int(record["batch"]): record for record in results_lib.read_records(path) if "batch" in record}
     return [by_batch[k] for k in sorted(by_batch)]
 
 
@@ -240,6 +233,6 @@ def evaluation_rows(run, test: Sequence[Example], greedy_outcome: Callable[[list
     if curves and shd.is_main_process():
         metrics = os.path.join(workdir, "metrics.jsonl")
         validation_records = results_lib.read_metrics(metrics) if os.path.isfile(metrics) else {}
-        results_lib.plot_grpo_curves(curves, {n: validation_records.get(n, []) for n in curves},
+        plots.plot_grpo_curves(curves, {n: validation_records.get(n, []) for n in curves},
                                      c.grpo.updates, os.path.join(workdir, "grpo_curves.png"))
     return rows, record

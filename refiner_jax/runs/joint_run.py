@@ -32,8 +32,8 @@ from refiner_jax.joint.revision_stats import revision_stats
 from refiner_jax.refiner.critics import OracleCritic, SolverCritic
 from refiner_jax.reward import first_error, rerank
 from refiner_jax.reward.scorer import load_reward_model
-from refiner_jax.runs import (refiner_eval, refiner_run, results as results_lib, reward_run, run_config, run_lock,
-                              seed_pool)
+from refiner_jax.runs import (plots, refiner_eval, refiner_run, results as results_lib, reward_run, run_config,
+                              run_lock, seed_pool)
 from refiner_jax.runs.run_info import RunInfo
 from refiner_jax.tasks import get_task
 from refiner_jax.tasks.base import Example, Task
@@ -294,7 +294,7 @@ def _report(config, out_dir: str, task: Task, test, pool, rows: dict, baselines:
                "convergence": stages}
     atomic_files.write_json(os.path.join(out_dir, "results.json"), results, indent=2, default=float)
     if stages:
-        results_lib.plot_convergence(stages, os.path.join(out_dir, "convergence.png"))
+        plots.plot_convergence(stages, os.path.join(out_dir, "convergence.png"))
 
     def name(label: str) -> str:
         return stable.get(label, label)

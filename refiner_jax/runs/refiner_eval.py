@@ -8,9 +8,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 from jax.sharding import Mesh
 
+from refiner_jax import atomic_files
 from refiner_jax import sharding as shd
 from refiner_jax import text_model
-from refiner_jax.refiner import baselines, critics, feedback_loop
+from refiner_jax.refiner import baselines, critics, feedback_loop, inference_factorial
 from refiner_jax.refiner.critic_tool import interactive_loop
 from refiner_jax.refiner.evaluation import evaluate_refinement, noise_study
 from refiner_jax.runs import results as results_lib
@@ -87,6 +88,9 @@ def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples:
     baselines.add_baselines(task, examples, results, answers, labels, samples, seed)
     results["noise"] = noise_study(task, generator, None, examples, epsilons, turns, template, samples, seed,
                                    initial=z0)
+    if eval_cfg.factorial:
+        results["factorial"] = factorial(run, task, examples, generator, critic, turns, batch_size, initial=z0,
+                                         mesh=mesh)
     results["seed"] = seed
     results["generator_stage"] = os.path.basename(generator_dir)
     results["workdir"] = os.path.abspath(workdir)
@@ -94,6 +98,47 @@ def evaluate_run(workdir: str, config_dict: Mapping | None = None, max_examples:
     if shd.is_main_process():  # every process of a multi-process run evaluates (on its own devices); one writes
         results_lib.write_results(results, out_dir or os.path.join(workdir, "eval"), workdir=workdir)
     return results
+
+
+def factorial_run(workdir: str, max_examples: int | None = None, turns: int | None = None,
+                  out_dir: str | None = None, mesh: Mesh | None = None) -> dict[str, Any]:
+    """The inference factorial alone (`factorial`) of a trained run on its test problems, written as
+    `factorial.json` and `factorial.md` to `out_dir` (default `<workdir>/eval`)."""
+    config = run_config.load(workdir)
+    run = RunInfo(workdir, config)
+    task = run.task()
+    examples = task.load("test", config.task.data_dir or None)[:int(max_examples or config.eval.examples)]
+    _, generator, critic = load_run_models(run, task, int(config.eval.batch_size), mesh=mesh)
+    block = factorial(run, task, examples, generator, critic, int(turns or config.eval.turns),
+                      int(config.eval.batch_size), mesh=mesh)
+    block["seed"], block["workdir"] = int(config.seed), os.path.abspath(workdir)
+    if shd.is_main_process():
+        out_dir = out_dir or os.path.join(workdir, "eval")
+        os.makedirs(out_dir, exist_ok=True)
+        atomic_files.write_json(os.path.join(out_dir, "factorial.json"), block, indent=2)
+        atomic_files.write_text(os.path.join(out_dir, "factorial.md"), "\n".join(
+            inference_factorial.factorial_markdown(block, results_lib.FACTORIAL_LABELS)))
+    return block
+
+
+def factorial(run: RunInfo, task: Task, examples: Sequence, generator: text_model.TextModel,
+              critic: critics.Critic | None, turns: int, batch_size: int, initial: Sequence[str] | None = None,
+              mesh: Mesh | None = None) -> dict[str, Any]:
+    """`inference_factorial.run_factorial` on the run's REFINER generator and, when trained, its matched generator,
+    with the run's calibrated critic (one threshold, calibrated on the REFINER generator)."""
+    if not isinstance(critic, critics.CalibratedCritic):
+        raise run_config.ConfigError(f"eval.factorial: {run.workdir} has no trained critic to cross with the oracle; "
+                                     "train the critic stage first or leave eval.factorial off")
+    generators: dict[str, Any] = {"refiner": generator}
+    matched_dir = os.path.join(run.workdir, "matched")
+    if os.path.isdir(os.path.join(matched_dir, "export")):
+        lengths = run.lengths
+        generators["matched"] = text_model.load_text_model(matched_dir, run.tokenizer(), lengths["refine_input"],
+                                                           lengths["target"], lengths["refine_input"], batch_size,
+                                                           mesh=mesh)
+    return inference_factorial.run_factorial(
+        task, generators, critic, examples, turns, run.config.refiner.template, int(run.config.eval.bootstrap_samples),
+        int(run.config.seed), initial={"refiner": initial} if initial is not None else None)
 
 
 def baseline_answers(run: RunInfo, task: Task, examples, generator: text_model.TextModel,

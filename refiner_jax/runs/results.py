@@ -2,9 +2,8 @@
 `predictions.jsonl`, PNG plots) from the dict of `refiner.evaluation.evaluate_refinement` (+ "noise" from
 `noise_study`, + "training" from `training_summary`), a reward run's rules table and abstention plot, and every
 pipeline's "convergence" block (`convergence`: each trained stage's validation curve and where it stopped) with its
-plot `convergence.png`. Task
-metrics are shown in % as `mean [low, high]` (95% bootstrap CI over examples); a metric without a CI
-(corpus-level) carries a dagger.
+plot `convergence.png` (the figures are drawn by `runs.plots`). Task metrics are shown in % as `mean [low, high]`
+(95% bootstrap CI over examples); a metric without a CI (corpus-level) carries a dagger.
 """
 from __future__ import annotations
 
@@ -13,17 +12,16 @@ import math
 import os
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
 from refiner_jax import atomic_files
+from refiner_jax.refiner.inference_factorial import factorial_markdown
+from refiner_jax.runs import plots
 from refiner_jax.reward.rerank import COLUMNS, Curve, RulesTable
 
 STAGES = ("warmup", "critic", "refiner")
+# The generators of the inference factorial (`refiner.inference_factorial`), by their stage.
+FACTORIAL_LABELS = {"refiner": "REFINER generator", "matched": "Matched generator (same updates, no feedback)"}
 # A REFINER evaluation's per-problem primary metric of every row, beside its results.json (`runs.seed_pool` reads it).
 ROW_SCORES_FILE = "row_scores.json"
-# Logged per training step, not learning progress: left out of the learning-curve plots.
-_NOT_CURVES = frozenset({"stage", "step", "examples_per_s", "tokens_per_s", "learning_rate", "lr", "grad_norm",
-                         "best_step"})
 
 
 # ----------------------------------------------------------------------------------------------- formatting
@@ -67,8 +65,8 @@ def _metric_order(results: Mapping[str, Any], metrics: Sequence[str]) -> list[st
 # ----------------------------------------------------------------------------------------------- markdown
 
 
-def render_markdown(results: Mapping[str, Any], plots: Sequence[str] = ()) -> str:
-    """The whole report as markdown; `plots` are PNG file names (relative to the report) to embed."""
+def render_markdown(results: Mapping[str, Any], images: Sequence[str] = ()) -> str:
+    """The whole report as markdown; `images` are PNG file names (relative to the report) to embed."""
     task = results.get("task", "?")
     primary = results.get("primary_metric", "?")
     lines = [f"# REFINER evaluation: {task}", ""]
@@ -141,6 +139,8 @@ def render_markdown(results: Mapping[str, Any], plots: Sequence[str] = ()) -> st
         lines += _table(["ε", metric], [[f"{r['epsilon']:g}", format_ci(r)] for r in noise["rows"]]) + [""]
 
     lines += convergence_markdown(results.get("convergence") or {})
+    if results.get("factorial"):
+        lines += factorial_markdown(results["factorial"], FACTORIAL_LABELS)
     training = results.get("training") or {}
     if training:
         lines += ["## Training", "", "Final validation metrics of each stage (its `DONE` file).", ""]
@@ -149,8 +149,8 @@ def render_markdown(results: Mapping[str, Any], plots: Sequence[str] = ()) -> st
                  for stage, done in training.items()]
         lines += _table(["Stage", "Best step", "Validation metrics"], table) + [""]
 
-    if plots:
-        lines += ["## Plots", ""] + [f"![{os.path.splitext(p)[0]}]({p})" for p in plots] + [""]
+    if images:
+        lines += ["## Plots", ""] + [f"![{os.path.splitext(p)[0]}]({p})" for p in images] + [""]
     return "\n".join(lines)
 
 
@@ -206,18 +206,28 @@ def convergence_markdown(block: Mapping[str, Mapping]) -> list[str]:
             *_table(["Stage", "Best step", "Last step", "Stopped early", "Metric", "Best value"], rows), ""]
 
 
-def read_metrics(path: str) -> dict[str, list[dict]]:
-    """`metrics.jsonl` records grouped by stage, in file order. Lines that do not parse (a write cut short) and
-    records without "stage"/"step" are skipped."""
-    by_stage: dict[str, list[dict]] = {}
+def read_records(path: str) -> list[dict]:
+    """The JSON objects of a JSON-lines log a run appends to, in file order; a line that does not parse (a write
+    cut short by a stop) or is not an object is skipped."""
+    out = []
     with open(path, encoding="utf-8") as f:
         for line in f:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(record, dict) and "stage" in record and "step" in record:
-                by_stage.setdefault(str(record["stage"]), []).append(record)
+            if isinstance(record, dict):
+                out.append(record)
+    return out
+
+
+def read_metrics(path: str) -> dict[str, list[dict]]:
+    """`metrics.jsonl` records grouped by stage, in file order. Lines that do not parse (a write cut short) and
+    records without "stage"/"step" are skipped."""
+    by_stage: dict[str, list[dict]] = {}
+    for record in read_records(path):
+        if "stage" in record and "step" in record:
+            by_stage.setdefault(str(record["stage"]), []).append(record)
     return by_stage
 
 
@@ -257,20 +267,21 @@ def write_results(results: Mapping[str, Any], out_dir: str, workdir: str | None 
         with atomic_files.atomic_open(paths["predictions"]) as f:
             for record in results["trajectories"]:
                 f.write(json.dumps(_jsonable(record)) + "\n")
-    plots = []
+    images = []
     if results.get("noise", {}).get("rows"):
-        paths["noise_plot"] = plot_noise(results, os.path.join(out_dir, "noise.png"))
-        plots.append(os.path.basename(paths["noise_plot"]))
+        paths["noise_plot"] = plots.plot_noise(results, os.path.join(out_dir, "noise.png"))
+        images.append(os.path.basename(paths["noise_plot"]))
     if results.get("convergence"):
-        paths["convergence_plot"] = plot_convergence(results["convergence"], os.path.join(out_dir, "convergence.png"))
-        plots.append(os.path.basename(paths["convergence_plot"]))
+        paths["convergence_plot"] = plots.plot_convergence(results["convergence"],
+                                                           os.path.join(out_dir, "convergence.png"))
+        images.append(os.path.basename(paths["convergence_plot"]))
     metrics_path = os.path.join(workdir, "metrics.jsonl") if workdir else None
     if metrics_path and os.path.isfile(metrics_path):
-        for stage, path in plot_learning_curves(metrics_path, out_dir).items():
+        for stage, path in plots.plot_learning_curves(read_metrics(metrics_path), out_dir).items():
             paths[f"curves_{stage}"] = path
-            plots.append(os.path.basename(path))
+            images.append(os.path.basename(path))
     paths["markdown"] = os.path.join(out_dir, "results.md")
-    atomic_files.write_text(paths["markdown"], render_markdown(results, plots))
+    atomic_files.write_text(paths["markdown"], render_markdown(results, images))
     return paths
 
 
@@ -309,7 +320,7 @@ def write_reward_results(workdir: str, task_name: str, table: RulesTable, qualit
     """A reward run's `results.md` (the rules table, its paired trace-error differences, the first-error table,
     the reward models' quality, the abstention plot, the `stages`' convergence block) and `abstention.png` (and
     `convergence.png`) in `workdir`; prints and returns it."""
-    plot_abstention(curves, os.path.join(workdir, "abstention.png"))
+    plots.plot_abstention(curves, os.path.join(workdir, "abstention.png"))
     lines = [f"# {task_name}: outcome- vs process-based feedback\n", markdown_table(table)]
     if table.trace_deltas:
         lines.append("Trace error, paired differences (percentage points):\n")
@@ -322,10 +333,10 @@ def write_reward_results(workdir: str, task_name: str, table: RulesTable, qualit
     lines += [f"- {name}: " + ", ".join(f"{key} {100 * v:.1f}" for key, v in q.items() if isinstance(v, float))
               for name, q in quality.items()]
     lines.append("\n![abstention](abstention.png)\n")
-    if os.path.isfile(os.path.join(workdir, "grpo_curves.png")):  # `plot_grpo_curves`, when the run trained GRPO
+    if os.path.isfile(os.path.join(workdir, "grpo_curves.png")):  # `plots.plot_grpo_curves`, when the run trained GRPO
         lines.append("![GRPO curves](grpo_curves.png)\n")
     if stages:
-        plot_convergence(stages, os.path.join(workdir, "convergence.png"))
+        plots.plot_convergence(stages, os.path.join(workdir, "convergence.png"))
         lines += convergence_markdown(stages) + ["![convergence](convergence.png)\n"]
     text = "\n".join(lines)
     atomic_files.write_text(os.path.join(workdir, "results.md"), text)
@@ -352,8 +363,8 @@ def write_joint_results(out_dir: str, task_name: str, table: RulesTable, extra: 
                       f"\n{table.n_problems} problems; brackets: {100 * (1 - table.alpha):g}% percentile-bootstrap "
                       "interval over problems (the same resampled sets for every row).", *_revisions_table(revisions),
                       "\n![tokens](tokens.png)\n"])
-    plot_tokens({n: (e["tokens_per_problem"], table.rows[n]["final_answer_error"]["mean"]) for n, e in extra.items()},
-                os.path.join(out_dir, "tokens.png"))
+    plots.plot_tokens({n: (e["tokens_per_problem"], table.rows[n]["final_answer_error"]["mean"])
+                       for n, e in extra.items()}, os.path.join(out_dir, "tokens.png"))
     atomic_files.write_text(os.path.join(out_dir, "results.md"), text)
     print(text)
     return text
@@ -376,185 +387,3 @@ def _revisions_table(revisions: Mapping[str, Mapping[str, int]]) -> list[str]:
     rows = [[name, *(str(counts.get(key, "–")) for key, _ in columns)] for name, counts in revisions.items()]
     header = ["Row", *(title for _, title in columns)]
     return ["\n## What the revisions did (problems revised)\n", *_table(header, rows)]
-
-
-# ----------------------------------------------------------------------------------------------- plots
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_noise(results: Mapping[str, Any], path: str) -> str:
-    """Primary metric (%) of the final hypotheses vs. the noise level epsilon, with 95% CI error bars; dashed
-    lines for the generator alone and the trained critic when the results have those rows."""
-    plt = _pyplot()
-    noise = results["noise"]
-    metric = noise.get("primary_metric") or results.get("primary_metric")
-    eps = [r["epsilon"] for r in noise["rows"]]
-    mean = [100 * r["mean"] for r in noise["rows"]]
-    err = [[100 * (r["mean"] - r["low"]) if r.get("low") is not None else 0 for r in noise["rows"]],
-           [100 * (r["high"] - r["mean"]) if r.get("high") is not None else 0 for r in noise["rows"]]]
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    ax.errorbar(eps, mean, yerr=err, marker="o", capsize=4, label="oracle critic + noise")
-    styles = {"generator": ("gray", "generator alone"), "critic": ("tab:green", "trained critic")}
-    for row in results.get("rows") or []:
-        if row["key"] in styles and metric in row["metrics"]:
-            color, label = styles[row["key"]]
-            ax.axhline(100 * row["metrics"][metric]["mean"], color=color, linestyle="--", label=label)
-    ax.set_xlabel("feedback noise ε (share of random feedback)")
-    ax.set_ylabel(f"{metric} (%)")
-    ax.set_title(f"{results.get('task', '')}: noisy critic, T={noise.get('turns', '?')}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def _curve_keys(records: Sequence[dict]) -> tuple[list[str], list[str]]:
-    """(loss keys, validation keys) of a stage's records. Validation metrics are the numeric fields of records
-    without a "loss" (evaluation records) and "val*" fields anywhere; per-type breakdowns ("a/b") are left out
-    unless there is nothing else."""
-    loss: list[str] = []
-    val: list[str] = []
-    for r in records:
-        for k, v in r.items():
-            if k in _NOT_CURVES or not isinstance(v, (int, float)) or isinstance(v, bool):
-                continue
-            target = loss if "loss" in k else val if "loss" not in r or k.startswith("val") else None
-            if target is not None and k not in target:
-                target.append(k)
-    return loss, [k for k in val if "/" not in k] or val
-
-
-def plot_learning_curves(metrics_path: str, out_dir: str) -> dict[str, str]:
-    """One PNG per stage of a `metrics.jsonl`: training loss (left) and validation metrics (right) vs. step."""
-    plt = _pyplot()
-    os.makedirs(out_dir, exist_ok=True)
-    out = {}
-    for stage, records in read_metrics(metrics_path).items():
-        loss_keys, val_keys = _curve_keys(records)
-        if not loss_keys and not val_keys:
-            continue
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharex=True)
-        for ax, keys, title in ((axes[0], loss_keys, "loss"), (axes[1], val_keys, "validation")):
-            for k in keys:
-                points = sorted((r["step"], r[k]) for r in records if isinstance(r.get(k), (int, float)))
-                ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None,
-                        label=k)
-            ax.set_title(f"{stage}: {title}")
-            ax.set_xlabel("step")
-            ax.grid(alpha=0.3)
-            if keys:
-                ax.legend(fontsize=8)
-            else:
-                ax.text(0.5, 0.5, "nothing logged", ha="center", va="center", transform=ax.transAxes)
-        fig.tight_layout()
-        out[stage] = os.path.join(out_dir, f"curves_{stage}.png")
-        fig.savefig(out[stage], dpi=110)
-        plt.close(fig)
-    return out
-
-
-def plot_convergence(block: Mapping[str, Mapping], path: str) -> str:
-    """One panel per trained stage: its validation curve, the exported (best) step marked, and a dashed line where
-    it stopped early; returns `path`."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    columns = min(3, max(1, len(block)))
-    rows = -(-len(block) // columns)
-    fig = Figure(figsize=(4.2 * columns, 3.2 * rows))
-    FigureCanvasAgg(fig)
-    for i, (stage, c) in enumerate(block.items()):
-        ax = fig.add_subplot(rows, columns, i + 1)
-        steps, values = [p[0] for p in c["curve"]], [p[1] for p in c["curve"]]
-        ax.plot(steps, values, marker=".")
-        best = [v for s, v in c["curve"] if s == c["best_step"]]
-        if best:
-            ax.plot([c["best_step"]], best, marker="*", markersize=12, color="tab:red", linestyle="none",
-                    label=f"exported (step {c['best_step']})")
-            ax.legend(fontsize=7)
-        if c["stopped_early"]:
-            ax.axvline(c["last_step"], color="gray", linestyle="--")
-        ax.set(title=f"{stage}" + (" (stopped early)" if c["stopped_early"] else ""), xlabel="step",
-               ylabel=c.get("metric", "validation"))
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
-
-
-def plot_abstention(curves: Mapping[str, Curve], path: str) -> str:
-    """Error-vs-coverage PNG at `path`, one line per selection rule; returns `path`."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(5.5, 4.0))
-    FigureCanvasAgg(fig)  # Agg without pyplot: no global backend switch, no window
-    ax = fig.add_subplot()
-    for name, curve in curves.items():
-        ax.plot(100 * np.asarray(curve.coverage), 100 * np.asarray(curve.error), marker=".", label=name)
-    ax.set(xlabel="coverage (% of problems answered)", ylabel="final-answer error (%)", title="Selective prediction")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=120)
-    return path
-
-
-def plot_tokens(points: Mapping[str, tuple[float, float]], path: str) -> str:
-    """Final-answer error (%) against tokens per problem, one labelled point per row; returns `path`."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7.0, 4.0 + 0.22 * len(points)))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    markers = "osD^v<>p*hX"
-    for i, (name, (tokens, error)) in enumerate(points.items()):
-        ax.scatter([tokens], [100 * error], marker=markers[i % len(markers)], label=name)
-    ax.set(xlabel="tokens per problem (all models)", ylabel="final-answer error (%)", title="Error against compute")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
-
-
-def plot_grpo_curves(rounds: Mapping[str, Sequence[Mapping]], validation: Mapping[str, Sequence[Mapping]],
-                     updates: int, path: str) -> str:
-    """GRPO stages' curves against the gradient step, one line per stage: the mean reward and the k3 KL to the
-    reference of each sample batch (`runs.grpo_stage.read_rounds`; batch b starts at step b * `updates`), and the
-    validation final-answer error and trace error (%) of each evaluation (`metrics.jsonl` records); returns `path`."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(10.0, 7.0))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(2, 2).ravel()
-    panels = (("reward", "mean reward of the sample batch", rounds, 1.0),
-              ("kl", "KL to the SFT policy (k3, per token)", rounds, 1.0),
-              ("final_answer_error", "validation final-answer error (%)", validation, 100.0),
-              ("trace_error", "validation trace error (%)", validation, 100.0))
-    for ax, (key, title, source, scale) in zip(axes, panels):
-        for stage, records in source.items():
-            points = [(r["batch"] * updates if source is rounds else r["step"], r.get(key)) for r in records]
-            points = [(x, scale * y) for x, y in points if isinstance(y, (int, float)) and math.isfinite(y)]
-            if points:
-                ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None,
-                        label=stage)
-        ax.set(title=title, xlabel="gradient step")
-        ax.grid(alpha=0.3)
-        if ax.get_lines():
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=110)
-    return path

@@ -139,10 +139,12 @@ def base_config() -> ml_collections.ConfigDict:
     # problems and updates that generator and critic used together, spent on one generator.
     # Stage 4: evaluation of generator alone / + critic / + oracle, the baselines (`refiner.baselines`: the critic's
     # own answer, the matched generator, the generator's best of turns + 1 samples by its log-probability, at the
-    # REFINER stage's temperature and nucleus) and the noisy-critic study.
+    # REFINER stage's temperature and nucleus) and the noisy-critic study. `factorial` adds the inference factorial
+    # (`refiner.inference_factorial`: who decides to revise x what text the generator reads, on the REFINER and the
+    # matched generator; 16 more refinement loops).
     c.eval = ml_collections.ConfigDict({
         "examples": 1000, "turns": 3, "batch_size": 128, "noise_levels": (0.0, 0.25, 0.5, 0.75, 1.0),
-        "bootstrap_samples": 1000})
+        "bootstrap_samples": 1000, "factorial": False})
     # The reward-model pipeline (`pipeline = "reward"`, `runs.reward_run`): the warm-up section trains the SFT policy,
     # then `reward` its outcome and process reward models on `samples` policy samples (temperature `temperature`,
     # nucleus `top_p`) of each of the first `train_problems` training problems (and of the `task.extra_problems`,
